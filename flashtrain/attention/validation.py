@@ -1,0 +1,112 @@
+"""Input checks for the public attention functions: every bad input is a ValueError that says
+what is wrong and what is allowed, before any kernel sees it."""
+
+from __future__ import annotations
+
+import torch
+
+MAX_HEAD_DIM = 256
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool = False) -> None:
+    """q: (B, Sq, Hq, D) and k, v: (B, Sk, Hkv, D); packed (varlen): (total, H, D)."""
+    rank = 3 if packed else 4
+    layout = "(total, heads, head_dim)" if packed else "(batch, seqlen, heads, head_dim)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != rank:
+            raise ValueError(f"{name} must have {rank} dims {layout}, got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(
+                f"{name} has dtype {t.dtype}; allowed: float16, bfloat16, float32 "
+                "(float64 only through flashtrain.attention.reference)"
+            )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if not packed and q.shape[0] != k.shape[0]:
+        raise ValueError(f"batch of q ({q.shape[0]}) and k/v ({k.shape[0]}) differ")
+    head_dim = q.shape[-1]
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"head_dim of q ({head_dim}) and k/v ({k.shape[-1]}) differ")
+    if head_dim > MAX_HEAD_DIM or head_dim % 8 != 0 or head_dim == 0:
+        raise ValueError(
+            f"head_dim={head_dim} is not supported: it must be a multiple of 8 between 8 and {MAX_HEAD_DIM}"
+        )
+    heads_q, heads_kv = q.shape[-2], k.shape[-2]
+    if heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(
+            f"heads_q={heads_q} must be a multiple of heads_kv={heads_kv} (MHA, GQA or MQA)"
+        )
+
+
+def check_scale(softmax_scale: float | None) -> None:
+    if softmax_scale is not None and not (float(softmax_scale) > 0.0):
+        raise ValueError(f"softmax_scale must be a positive number or None, got {softmax_scale}")
+
+
+def check_dropout(dropout_p: float) -> None:
+    if not (0.0 <= float(dropout_p) < 1.0):
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def check_window(window_size) -> tuple[int, int]:
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"window_size must be a pair (left, right) of ints, got {window_size!r}"
+        ) from None
+    if left < -1 or right < -1:
+        raise ValueError(
+            f"window_size={window_size!r}: each side must be >= 0, or -1 for unbounded"
+        )
+    return left, right
+
+
+def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
+    """Prefix sums: int32, 1-D, same length, start at 0, non-decreasing, end at total, and the
+    declared maxima cover every sequence (the kernels size their grid from them).
+    The value checks read the tensors (one host sync), so compiled graphs skip them."""
+    for name, cu, total, max_len in (
+        ("cu_seqlens_q", cu_q, q.shape[0], max_seqlen_q),
+        ("cu_seqlens_k", cu_k, k.shape[0], max_seqlen_k),
+    ):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+            got = (
+                f"{cu.dtype} {tuple(cu.shape)}"
+                if isinstance(cu, torch.Tensor)
+                else type(cu).__name__
+            )
+            raise ValueError(f"{name} must be a 1-D int32 tensor of prefix sums, got {got}")
+        if cu.numel() < 2:
+            raise ValueError(f"{name} needs at least 2 entries (batch + 1), got {cu.numel()}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+        if torch.compiler.is_compiling():
+            continue  # values are data-dependent under torch.compile: checked in eager runs only
+        values = cu.cpu()
+        if int(values[0]) != 0:
+            raise ValueError(f"{name}[0] must be 0, got {int(values[0])}")
+        lengths = values[1:] - values[:-1]
+        if bool((lengths < 0).any()):
+            raise ValueError(f"{name} must be non-decreasing, got {values.tolist()}")
+        if int(values[-1]) != total:
+            raise ValueError(f"{name}[-1]={int(values[-1])} must equal the packed length {total}")
+        longest = int(lengths.max()) if lengths.numel() else 0
+        if int(max_len) < longest:
+            name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
+            raise ValueError(
+                f"{name_max}={max_len} is smaller than the longest sequence ({longest})"
+            )
+    if cu_q.numel() != cu_k.numel():
+        raise ValueError(
+            f"cu_seqlens_q has {cu_q.numel()} entries and cu_seqlens_k {cu_k.numel()}: one per sequence + 1"
+        )

@@ -1,0 +1,1 @@
+"""Benchmark helpers shared by scripts/bench_*.py: timing, baselines, FLOP counts, reports."""

@@ -1,0 +1,93 @@
+"""Timing and memory measurement on CUDA, and the device's own ceilings (matmul peak, copy
+bandwidth) so every figure can also be read as a fraction of the chip."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Measurement:
+    ms: float | None  # median milliseconds; None when it did not run
+    peak_mib: float | None  # peak allocated beyond what was live before the call
+    note: str = ""  # "OOM", "unsupported: ...", ...
+
+
+def time_ms(fn, warmup: int = 5, rep: int = 20) -> float:
+    """Median CUDA time of fn() in milliseconds, timed with events around each call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def measure(fn, warmup: int = 5, rep: int = 20) -> Measurement:
+    """Time fn and record its peak extra memory; OOM and unsupported backends become notes."""
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        return Measurement(time_ms(fn, warmup, rep), peak)
+    except torch.cuda.OutOfMemoryError:
+        return Measurement(None, None, "OOM")
+    except RuntimeError as err:  # e.g. an SDPA backend that rejects these inputs
+        return Measurement(None, None, f"unsupported: {str(err).splitlines()[0][:120]}")
+    finally:
+        torch.cuda.empty_cache()
+
+
+def matmul_peak_tflops(n: int = 8192, dtype=torch.bfloat16) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    ms = time_ms(lambda: a @ b, warmup=10, rep=30)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def copy_bandwidth_gbs(mib: int = 1024) -> float:
+    """Device-to-device copy bandwidth (read + write counted)."""
+    src = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), warmup=5, rep=20)
+    return 2 * src.numel() / (ms * 1e-3) / 1e9
+
+
+def environment() -> dict:
+    """What a figure was measured on: GPU, versions, commit."""
+    import triton
+
+    info = {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda,
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["device"] = props.name
+        info["capability"] = f"{props.major}.{props.minor}"
+        info["memory_gib"] = round(props.total_memory / 2**30, 1)
+    else:
+        info["device"] = "cpu"
+    try:
+        info["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        info["commit"] = "unknown"
+    return info

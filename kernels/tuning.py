@@ -1,0 +1,60 @@
+"""Tile sizes, warps and stages per head_dim and GPU.
+
+A table rather than autotuning: launches are deterministic (the backward's bitwise repeatability
+must not depend on which config a benchmark run happened to pick) and there is no warm-up cost.
+Under TRITON_INTERPRET=1 one small configuration keeps CPU tests fast while still exercising
+several tiles, unequal tile sizes and masked tails.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int  # query rows per tile
+    block_n: int  # key rows per tile
+    block_d: int  # head_dim padded to a power of two
+    num_warps: int
+    num_stages: int
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _small_smem(device: torch.device) -> bool:
+    """Pre-Hopper parts (and consumer cards) have too little shared memory for 3+ stages at d=128."""
+    if device.type != "cuda":
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    return major < 9
+
+
+def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if interpreted() or device.type != "cuda":
+        return TileConfig(32, 16, block_d, 4, 1)
+    wide = dtype == torch.float32  # fp32 tiles take twice the registers and shared memory
+    if block_d <= 64:
+        return TileConfig(128, 64 if not wide else 32, block_d, 4, 2 if _small_smem(device) else 3)
+    if block_d <= 128:
+        return TileConfig(128, 64 if not wide else 32, block_d, 8, 2 if _small_smem(device) else 3)
+    return TileConfig(64, 32, block_d, 4, 2)
+
+
+def backward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
+    """block_n: the key tile held by a dK/dV program; block_m: the query tile it streams.
+    The dQ kernel uses the transpose (block_n queries held, block_m keys streamed)."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if interpreted() or device.type != "cuda":
+        return TileConfig(16, 32, block_d, 4, 1)
+    wide = dtype == torch.float32
+    if block_d <= 64:
+        return TileConfig(64 if not wide else 32, 128 if not wide else 64, block_d, 8, 2)
+    if block_d <= 128:
+        return TileConfig(32, 128 if not wide else 64, block_d, 8, 2)
+    return TileConfig(32, 64 if not wide else 32, block_d, 8, 1)

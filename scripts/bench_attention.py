@@ -1,0 +1,227 @@
+"""Attention kernel benchmark: flashtrain vs torch SDPA (each backend) and FlexAttention.
+
+    python scripts/bench_attention.py                       # dense sweep, bf16, 512..64K tokens
+    python scripts/bench_attention.py --sweep window        # sliding windows: cost linear in seqlen
+    python scripts/bench_attention.py --seqlens 4096 16384 --head-dims 128 --causal false
+
+Writes JSON, a markdown table and PNG plots to benchmarks/results/. Without CUDA it says so,
+runs a tiny CPU smoke of the op and prints kernel tile counts (the CPU stand-in for timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from flashtrain.attention import flash_attn_func
+from flashtrain.bench import baselines, measure, report
+from flashtrain.bench.flops import attention_flops
+
+TOKENS = 16384  # batch * seqlen held fixed, as in the FlashAttention papers
+HIDDEN = 2048  # heads * head_dim
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--sweep", choices=["dense", "window"], default="dense")
+    p.add_argument(
+        "--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
+    )
+    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--causal", choices=["both", "true", "false"], default="both")
+    p.add_argument("--windows", type=int, nargs="+", default=[256, 1024, 4096])
+    p.add_argument("--methods", nargs="*", default=None, help="subset of method names to run")
+    p.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--tag", default=date.today().isoformat())
+    p.add_argument("--rep", type=int, default=20)
+    return p.parse_args(argv)
+
+
+def causal_flags(choice: str) -> list[bool]:
+    return {"both": [False, True], "true": [True], "false": [False]}[choice]
+
+
+def shape_for(seqlen: int, head_dim: int) -> tuple[int, int]:
+    return max(1, TOKENS // seqlen), HIDDEN // head_dim
+
+
+def bench_method(name, forward, inputs, dims, causal, rep, density=1.0, variant=""):
+    batch, heads, seqlen, head_dim = dims
+    fwd = measure.measure(forward, rep=rep)
+    both = measure.measure(baselines.with_backward(forward, inputs), rep=rep)
+    rows = []
+    for mode, m in (("fwd", fwd), ("fwd_bwd", both)):
+        rows.append(_row(name, mode, m.ms, m.peak_mib, m.note, dims, causal, density, variant))
+    bwd_ms = both.ms - fwd.ms if both.ms is not None and fwd.ms is not None else None
+    rows.append(_row(name, "bwd", bwd_ms, None, both.note, dims, causal, density, variant))
+    return rows
+
+
+def _row(method, mode, ms, peak_mib, note, dims, causal, density, variant):
+    batch, heads, seqlen, head_dim = dims
+    flops = attention_flops(
+        batch, heads, seqlen, seqlen, head_dim, causal=causal, density=density, mode=mode
+    )
+    return {
+        "method": method,
+        "mode": mode,
+        "seqlen": seqlen,
+        "batch": batch,
+        "heads": heads,
+        "head_dim": head_dim,
+        "causal": causal,
+        "density": density,
+        "variant": variant,
+        "ms": ms,
+        "tflops": flops / (ms * 1e-3) / 1e12 if ms else None,
+        "peak_mib": peak_mib,
+        "note": note,
+    }
+
+
+def dense_sweep(args) -> list[dict]:
+    rows = []
+    for head_dim in args.head_dims:
+        for causal in causal_flags(args.causal):
+            for seqlen in args.seqlens:
+                batch, heads = shape_for(seqlen, head_dim)
+                q, k, v = (
+                    torch.randn(
+                        batch,
+                        seqlen,
+                        heads,
+                        head_dim,
+                        device="cuda",
+                        dtype=torch.bfloat16,
+                        requires_grad=True,
+                    )
+                    for _ in range(3)
+                )
+                for name, method in baselines.dense_methods(q, k, v, causal=causal).items():
+                    if args.methods and name not in args.methods:
+                        continue
+                    dims = (batch, heads, seqlen, head_dim)
+                    if isinstance(method, str):
+                        for mode in ("fwd", "bwd", "fwd_bwd"):
+                            rows.append(_row(name, mode, None, None, method, dims, causal, 1.0, ""))
+                        continue
+                    t0 = time.time()
+                    new = bench_method(name, *method, dims, causal, args.rep)
+                    rows += new
+                    both = next(r for r in new if r["mode"] == "fwd_bwd")
+                    shown = f"{both['tflops']:.1f} TFLOP/s" if both["tflops"] else both["note"]
+                    print(
+                        f"d={head_dim} causal={causal} seqlen={seqlen:6d} {name:28s} fwd+bwd {shown} "
+                        f"({time.time() - t0:.1f}s)",
+                        flush=True,
+                    )
+    return rows
+
+
+def window_sweep(args) -> list[dict]:
+    """Ours with a causal sliding window vs ours dense-causal: time should grow linearly."""
+    rows = []
+    for head_dim in args.head_dims:
+        for seqlen in args.seqlens:
+            batch, heads = shape_for(seqlen, head_dim)
+            q, k, v = (
+                torch.randn(
+                    batch,
+                    seqlen,
+                    heads,
+                    head_dim,
+                    device="cuda",
+                    dtype=torch.bfloat16,
+                    requires_grad=True,
+                )
+                for _ in range(3)
+            )
+            dims = (batch, heads, seqlen, head_dim)
+            for window in [None, *args.windows]:
+                if window is not None and window >= seqlen:
+                    continue
+                ws = (-1, 0) if window is None else (window, 0)
+                fn = lambda ws=ws, q=q, k=k, v=v: flash_attn_func(
+                    q, k, v, causal=True, window_size=ws
+                )
+                # Density: the fraction of the causal triangle inside the band.
+                kept = (
+                    seqlen * (seqlen + 1) / 2
+                    if window is None
+                    else sum(min(i + 1, window + 1) for i in range(seqlen))
+                )
+                density = kept / (seqlen * (seqlen + 1) / 2)
+                variant = "dense causal" if window is None else f"window {window}"
+                new = bench_method(
+                    "flashtrain", fn, (q, k, v), dims, True, args.rep, density, variant
+                )
+                rows += [dict(r, method=f"flashtrain ({variant})") for r in new]
+                ms = next(r["ms"] for r in new if r["mode"] == "fwd_bwd")
+                print(f"d={head_dim} seqlen={seqlen:6d} {variant:14s} fwd+bwd {ms} ms", flush=True)
+    return rows
+
+
+def cpu_report(args) -> int:
+    """No CUDA: a tiny smoke of the op, and the tile counts the kernels would stream."""
+    from kernels.visits import key_blocks_visited
+
+    print("No CUDA device: the GPU benchmark is skipped (no timings are claimed on CPU).")
+    q, k, v = (torch.randn(1, 64, 2, 32, requires_grad=True) for _ in range(3))
+    t0 = time.time()
+    flash_attn_func(q, k, v, causal=True).sum().backward()
+    print(f"CPU smoke: flash_attn_func fwd+bwd (1x64x2x32, causal) ran in {time.time() - t0:.2f}s")
+    print("\nKey tiles streamed per (batch, head) by the forward kernel (128x64 tiles):")
+    print(
+        f"{'seqlen':>8} {'dense':>10} {'causal':>10} "
+        + " ".join(f"{'win ' + str(w):>10}" for w in args.windows)
+    )
+    for seqlen in args.seqlens:
+        dense = key_blocks_visited(seqlen, seqlen)
+        causal = key_blocks_visited(seqlen, seqlen, causal=True)
+        local = [
+            key_blocks_visited(seqlen, seqlen, window_left=w, causal=True) for w in args.windows
+        ]
+        print(f"{seqlen:>8} {dense:>10} {causal:>10} " + " ".join(f"{n:>10}" for n in local))
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        return cpu_report(args)
+    env = measure.environment()
+    env["matmul_peak_tflops"] = measure.matmul_peak_tflops()
+    env["copy_bandwidth_gbs"] = measure.copy_bandwidth_gbs()
+    print(
+        f"{env['device']}: bf16 matmul {env['matmul_peak_tflops']:.0f} TFLOP/s, "
+        f"copy {env['copy_bandwidth_gbs']:.0f} GB/s",
+        flush=True,
+    )
+    rows = dense_sweep(args) if args.sweep == "dense" else window_sweep(args)
+    stem = f"attention-{args.sweep}-{report.slug(env['device'])}-{args.tag}"
+    report.write_json(
+        args.out_dir / f"{stem}.json",
+        {"env": env, "args": vars(args) | {"out_dir": str(args.out_dir)}, "rows": rows},
+    )
+    (args.out_dir / f"{stem}.md").write_text(
+        report.markdown_table(rows, env, f"Attention benchmark ({args.sweep})")
+        + "\n"
+        + report.markdown_table(rows, env, "Peak memory", value="peak_mib", unit="MiB").split(
+            "\n", 3
+        )[-1]
+    )
+    report.plot(rows, args.out_dir / f"{stem}-tflops.png", "tflops", "TFLOP/s", "fwd_bwd")
+    report.plot(rows, args.out_dir / f"{stem}-memory.png", "peak_mib", "peak MiB", "fwd_bwd")
+    print(f"wrote {args.out_dir / stem}.{{json,md}} and plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
