@@ -7,7 +7,7 @@ several tiles, unequal tile sizes and masked tails.
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -34,7 +34,24 @@ def _small_smem(device: torch.device) -> bool:
     return major < 9
 
 
-def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
+def _fit_sparse(cfg: TileConfig, sparse_block: int) -> TileConfig:
+    """Block-sparse launches need every tile inside one layout block."""
+    if not sparse_block:
+        return cfg
+    return replace(cfg, block_m=min(cfg.block_m, sparse_block), block_n=min(cfg.block_n, sparse_block))
+
+
+def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, sparse_block: int = 0):
+    return _fit_sparse(_forward_config(head_dim, dtype, device), sparse_block)
+
+
+def backward_config(head_dim: int, dtype: torch.dtype, device: torch.device, sparse_block: int = 0):
+    """block_n: the key tile held by a dK/dV program; block_m: the query tile it streams.
+    The dQ kernel uses the transpose (block_n queries held, block_m keys streamed)."""
+    return _fit_sparse(_backward_config(head_dim, dtype, device), sparse_block)
+
+
+def _forward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
     block_d = max(16, triton.next_power_of_2(head_dim))
     if interpreted() or device.type != "cuda":
         return TileConfig(32, 16, block_d, 4, 1)
@@ -46,9 +63,7 @@ def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> T
     return TileConfig(64, 32, block_d, 4, 2)
 
 
-def backward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
-    """block_n: the key tile held by a dK/dV program; block_m: the query tile it streams.
-    The dQ kernel uses the transpose (block_n queries held, block_m keys streamed)."""
+def _backward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
     block_d = max(16, triton.next_power_of_2(head_dim))
     if interpreted() or device.type != "cuda":
         return TileConfig(16, 32, block_d, 4, 1)

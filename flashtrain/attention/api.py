@@ -7,6 +7,7 @@ import math
 import torch
 
 from flashtrain.attention import validation
+from flashtrain.attention.block_layout import BlockSparseLayout
 from flashtrain.attention.ops import attention_forward
 
 
@@ -48,7 +49,20 @@ def flash_attn_func(
     q, k, v = _last_dim_contiguous(q, k, v)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse, _ = attention_forward(
-        q, k, v, None, None, q.shape[1], k.shape[1], float(scale), left, right, float(dropout_p)
+        q,
+        k,
+        v,
+        None,
+        None,
+        q.shape[1],
+        k.shape[1],
+        float(scale),
+        left,
+        right,
+        float(dropout_p),
+        None,
+        [],
+        0,
     )
     return (out, lse) if return_lse else out
 
@@ -92,5 +106,56 @@ def flash_attn_varlen_func(
         left,
         right,
         float(dropout_p),
+        None,
+        [],
+        0,
+    )
+    return (out, lse) if return_lse else out
+
+
+def blocksparse_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_mask: torch.Tensor | BlockSparseLayout,
+    *,
+    block_size: int = 128,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    dropout_p: float = 0.0,
+    return_lse: bool = False,
+):
+    """Attention over the kept blocks only: equal (up to rounding) to dense attention whose
+    element mask is block_mask expanded to elements (and intersected with causal).
+
+    q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D). block_mask: bool (Hm, ceil(Sq/bs), ceil(Sk/bs)),
+    Hm 1 (shared) or Hq, or a BlockSparseLayout from flashtrain.attention.sparsity (whose
+    compiled tables are cached across calls; a raw mask is compiled on every call).
+    Rows whose blocks are all empty return 0 with lse -inf and pass no gradient.
+    """
+    validation.check_qkv(q, k, v)
+    validation.check_scale(softmax_scale)
+    validation.check_dropout(dropout_p)
+    layout = validation.check_block_mask(block_mask, block_size, q, k)
+    left, right = _window(causal, (-1, -1))
+    q, k, v = _last_dim_contiguous(q, k, v)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    tables = layout.tables(seqlen_q, seqlen_k, causal, q.device)
+    out, lse, _ = attention_forward(
+        q,
+        k,
+        v,
+        None,
+        None,
+        seqlen_q,
+        seqlen_k,
+        float(scale),
+        left,
+        right,
+        float(dropout_p),
+        layout.block_mask.to(q.device),
+        tables.as_list(),
+        layout.block_size,
     )
     return (out, lse) if return_lse else out

@@ -24,15 +24,20 @@ def _keep_probs(seed: int, chunk_index: int, shape, dropout_p: float, device) ->
     return torch.rand(shape, generator=gen, device=device) >= dropout_p
 
 
-def _chunk_scores(q_chunk, k, scale, rows, seqlen_q, seqlen_k, window, block_mask):
-    """Scores (B, Hkv, G, c, Sk) in float32 with disallowed entries at -inf, and their mask."""
+def _chunk_scores(q_chunk, k, scale, rows, seqlen_q, seqlen_k, window, block_mask, block_size):
+    """Scores (B, Hkv, G, c, Sk) in float32 with disallowed entries at -inf.
+
+    block_mask: None, or bool (Hm, nq, nk) expanded here for this chunk's rows only.
+    """
     s = torch.einsum("bhgqd,bhkd->bhgqk", q_chunk, k) * scale
-    keep = allowed_mask(seqlen_q, seqlen_k, window_size=window, device=s.device)
-    keep = keep[rows]  # (c, Sk)
+    keep = allowed_mask(seqlen_q, seqlen_k, window_size=window, device=s.device)[rows]  # (c, Sk)
     if block_mask is not None:
-        keep = keep & block_mask[..., rows, :]  # (Hkv, G, c, Sk) or (c, Sk)
-    s = s.masked_fill(~keep, float("-inf"))
-    return s
+        row_blocks = torch.arange(rows.start, rows.stop, device=s.device) // block_size
+        col_blocks = torch.arange(seqlen_k, device=s.device) // block_size
+        chunk = block_mask[:, row_blocks][:, :, col_blocks]  # (Hm, c, Sk)
+        hkv, g = s.shape[1], s.shape[2]
+        keep = keep & (chunk[0] if chunk.shape[0] == 1 else chunk.view(hkv, g, *chunk.shape[1:]))
+    return s.masked_fill(~keep, float("-inf"))
 
 
 def _split_heads(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
@@ -47,37 +52,32 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 3, 1, 2, 4).reshape(b, s, hk * g, d)
 
 
-def _prepare(q, k, v, block_mask):
+def _prepare(q, k, v):
     heads_kv = k.shape[2]
     qg = _split_heads(q, heads_kv)  # (B, Hkv, G, Sq, D)
     kf = k.float().transpose(1, 2)  # (B, Hkv, Sk, D)
     vf = v.float().transpose(1, 2)
-    if block_mask is not None and block_mask.dim() == 3:  # (H, Sq, Sk) element mask
-        h = block_mask.shape[0]
-        block_mask = (
-            block_mask.view(heads_kv, qg.shape[2], *block_mask.shape[1:])
-            if h > 1
-            else block_mask[0]
-        )
-    return qg, kf, vf, block_mask
+    return qg, kf, vf
 
 
 def attention_forward(
-    q, k, v, *, scale, window, dropout_p=0.0, seed=0, element_mask=None
+    q, k, v, *, scale, window, dropout_p=0.0, seed=0, block_mask=None, block_size=0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D) -> out like q, lse (B, Hq, Sq) float32.
 
     window: (left, right) with causal already folded in (right = 0); -1 = unbounded.
 
-    element_mask: optional bool (Hm, Sq, Sk), Hm in {1, Hq}, True = may attend.
+    block_mask: optional bool (Hm, nq, nk) at block_size tokens, Hm in {1, Hq}: True = computed.
     """
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    qg, kf, vf, emask = _prepare(q, k, v, element_mask)
+    qg, kf, vf = _prepare(q, k, v)
     out = torch.empty_like(qg)
     lse = torch.empty(qg.shape[:-1], dtype=torch.float32, device=q.device)  # (B, Hkv, G, Sq)
     for index, start in enumerate(range(0, seqlen_q, CHUNK)):
         rows = slice(start, min(start + CHUNK, seqlen_q))
-        s = _chunk_scores(qg[..., rows, :], kf, scale, rows, seqlen_q, seqlen_k, window, emask)
+        s = _chunk_scores(
+            qg[..., rows, :], kf, scale, rows, seqlen_q, seqlen_k, window, block_mask, block_size
+        )
         chunk_lse = torch.logsumexp(s, dim=-1)  # (B, Hkv, G, c); -inf for rows that see nothing
         p = torch.exp(s - chunk_lse.masked_fill(chunk_lse == float("-inf"), 0.0)[..., None])
         if dropout_p > 0.0:
@@ -89,12 +89,24 @@ def attention_forward(
 
 
 def attention_backward(
-    dout, q, k, v, out, lse, *, scale, window, dropout_p=0.0, seed=0, element_mask=None
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    *,
+    scale,
+    window,
+    dropout_p=0.0,
+    seed=0,
+    block_mask=None,
+    block_size=0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) by recomputing each chunk's probabilities from lse."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     heads_kv = k.shape[2]
-    qg, kf, vf, emask = _prepare(q, k, v, element_mask)
+    qg, kf, vf = _prepare(q, k, v)
     dog = _split_heads(dout, heads_kv)
     delta = (dog * _split_heads(out, heads_kv)).sum(-1)  # (B, Hkv, G, Sq) = rowsum(dO * O)
     lse = lse.view(qg.shape[:-1])
@@ -103,7 +115,9 @@ def attention_backward(
     dv = torch.zeros_like(vf)
     for index, start in enumerate(range(0, seqlen_q, CHUNK)):
         rows = slice(start, min(start + CHUNK, seqlen_q))
-        s = _chunk_scores(qg[..., rows, :], kf, scale, rows, seqlen_q, seqlen_k, window, emask)
+        s = _chunk_scores(
+            qg[..., rows, :], kf, scale, rows, seqlen_q, seqlen_k, window, block_mask, block_size
+        )
         chunk_lse = lse[..., rows]
         # Rows that saw no key get +inf so their probabilities (and gradients) are exactly 0.
         chunk_lse = chunk_lse.masked_fill(chunk_lse == float("-inf"), float("inf"))

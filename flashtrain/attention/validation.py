@@ -110,3 +110,38 @@ def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
         raise ValueError(
             f"cu_seqlens_q has {cu_q.numel()} entries and cu_seqlens_k {cu_k.numel()}: one per sequence + 1"
         )
+
+
+def check_block_mask(block_mask, block_size: int, q: torch.Tensor, k: torch.Tensor):
+    """A bool (Hm, ceil(Sq/bs), ceil(Sk/bs)) mask or a BlockSparseLayout -> the layout."""
+    from flashtrain.attention.block_layout import SUPPORTED_BLOCK_SIZES, BlockSparseLayout
+
+    if isinstance(block_mask, BlockSparseLayout):
+        layout = block_mask
+        if block_size not in (128, layout.block_size):
+            raise ValueError(
+                f"block_size={block_size} but the layout was built with block_size="
+                f"{layout.block_size}; pass block_size={layout.block_size} or omit it"
+            )
+    elif isinstance(block_mask, torch.Tensor):
+        if block_size not in SUPPORTED_BLOCK_SIZES:
+            raise ValueError(
+                f"block_size={block_size} is not supported; allowed: {SUPPORTED_BLOCK_SIZES}"
+            )
+        if block_mask.dtype != torch.bool:
+            raise ValueError(f"block_mask must be a bool tensor, got {block_mask.dtype}")
+        layout = BlockSparseLayout(block_mask, block_size)
+    else:
+        raise ValueError(
+            "block_mask must be a bool tensor or a flashtrain.attention.sparsity layout, got "
+            f"{type(block_mask).__name__}"
+        )
+    heads_q, bs = q.shape[2], layout.block_size
+    expected = (-(-q.shape[1] // bs), -(-k.shape[1] // bs))
+    hm, nq, nk = layout.block_mask.shape
+    if hm not in (1, heads_q) or (nq, nk) != expected:
+        raise ValueError(
+            f"block_mask has shape {(hm, nq, nk)}; for seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}, "
+            f"block_size={bs} and {heads_q} query heads it must be (1 or {heads_q}, {expected[0]}, {expected[1]})"
+        )
+    return layout

@@ -1,0 +1,192 @@
+"""blocksparse_attn_func equals dense attention with the expanded element mask (float64
+reference), on the kernels and the PyTorch path; tables skip what they should."""
+
+import os
+
+import pytest
+import torch
+from attention_testing import (
+    assert_matches_reference,
+    forward_backward,
+    random_qkv,
+    reference_results,
+)
+
+from flashtrain.attention import blocksparse_attn_func, flash_attn_func, sparsity
+from flashtrain.attention.reference import expand_block_mask
+
+
+@pytest.fixture(params=["triton", "torch"])
+def backend(request, monkeypatch):
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", request.param)
+    return request.param
+
+
+def _random_mask(heads, seqlen_q, seqlen_k, block_size, density, generator):
+    nq, nk = -(-seqlen_q // block_size), -(-seqlen_k // block_size)
+    return torch.rand(heads, nq, nk, generator=generator) < density
+
+
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k, heads_q, heads_kv, mask_heads, causal, block_size",
+    [
+        (200, 200, 4, 2, 4, False, 64),  # a mask per head, GQA
+        (200, 200, 2, 1, 1, True, 64),  # one shared mask, causal
+        (150, 300, 2, 1, 2, True, 64),  # seqlen_q < seqlen_k
+        (300, 150, 2, 2, 1, True, 64),  # seqlen_q > seqlen_k: rows with no key
+        (257, 257, 2, 2, 2, False, 128),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_matches_dense_reference_with_expanded_mask(
+    backend, seqlen_q, seqlen_k, heads_q, heads_kv, mask_heads, causal, block_size, dtype
+):
+    gen = torch.Generator().manual_seed(seqlen_q + seqlen_k + mask_heads)
+    torch.manual_seed(seqlen_q * 3 + block_size)
+    q, k, v = random_qkv(1, seqlen_q, seqlen_k, heads_q, heads_kv, 32, dtype)
+    dout = torch.randn_like(q)
+    mask = _random_mask(mask_heads, seqlen_q, seqlen_k, block_size, 0.5, gen)
+    mask[0, 0, :] = False  # a query block with no key block at all
+    got = forward_backward(
+        lambda a, b, c: blocksparse_attn_func(
+            a, b, c, mask, block_size=block_size, causal=causal, return_lse=True
+        ),
+        q,
+        k,
+        v,
+        dout,
+    )
+    element_mask = expand_block_mask(mask, block_size, seqlen_q, seqlen_k)[None]  # (1, Hm, Sq, Sk)
+    truth, low = reference_results(q, k, v, dout, causal=causal, element_mask=element_mask)
+    assert_matches_reference(got, truth, low, dtype)
+    # The empty query block: zero output, -inf lse, zero gradient.
+    assert torch.equal(got[0][:, :block_size, 0], torch.zeros_like(got[0][:, :block_size, 0]))
+    assert torch.isneginf(got[1][:, 0, :block_size]).all()
+    assert torch.equal(got[2][:, :block_size, 0], torch.zeros_like(got[2][:, :block_size, 0]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_all_ones_layout_equals_dense(backend, causal):
+    torch.manual_seed(1)
+    q, k, v = random_qkv(1, 130, 130, 1, 1, 16, torch.float32)
+    dout = torch.randn_like(q)
+    ones = torch.ones(1, 3, 3, dtype=torch.bool)
+    sparse = forward_backward(
+        lambda a, b, c: blocksparse_attn_func(
+            a, b, c, ones, block_size=64, causal=causal, return_lse=True
+        ),
+        q,
+        k,
+        v,
+        dout,
+    )
+    dense = forward_backward(
+        lambda a, b, c: flash_attn_func(a, b, c, causal=causal, return_lse=True), q, k, v, dout
+    )
+    for s, d in zip(sparse, dense):
+        torch.testing.assert_close(s, d, atol=2e-6, rtol=1e-5)
+
+
+def test_dropout_composes_with_sparsity(backend):
+    """With dropout, the same seed reproduces, and masked blocks stay exactly unattended."""
+    torch.manual_seed(2)
+    q, k, v = random_qkv(1, 128, 128, 2, 2, 16, torch.float32)
+    layout = sparsity.local(128, block_size=64, window_blocks=0)  # block-diagonal
+    torch.manual_seed(5)
+    a = blocksparse_attn_func(q, k, v, layout, dropout_p=0.3)
+    torch.manual_seed(5)
+    b = blocksparse_attn_func(q, k, v, layout, dropout_p=0.3)
+    assert torch.equal(a, b)
+    # Block-diagonal: the first half of the queries never reads the second half of v.
+    v2 = v.clone()
+    v2[:, 64:] += 100.0
+    torch.manual_seed(5)
+    c = blocksparse_attn_func(q, k, v2, layout, dropout_p=0.3)
+    assert torch.equal(a[:, :64], c[:, :64])
+
+
+def test_layout_tables_and_blocks_visited():
+    """Causal drops blocks above the diagonal; full vs partial as documented."""
+    layout = sparsity.BlockSparseLayout(torch.ones(1, 4, 4, dtype=torch.bool), block_size=64)
+    t = layout.tables(250, 250, causal=True, device="cpu")  # last block is a 58-token tail
+    # Query block i visits key blocks 0..i: i full ones below the diagonal, the diagonal partial;
+    # the last row block touches the sequence end, so all its blocks are partial.
+    assert t.kv_full_count.tolist() == [[0, 1, 2, 0]]
+    assert t.kv_partial_count.tolist() == [[1, 1, 1, 4]]
+    assert t.blocks_visited() == 10  # 4 + 3 + 2 + 1 of 16
+    assert t.q_full_count.sum() == t.kv_full_count.sum()
+    assert t.q_partial_count.sum() == t.kv_partial_count.sum()
+    assert layout.tables(250, 250, causal=True, device="cpu") is t  # cached
+
+
+def test_kernel_visits_only_kept_blocks():
+    """The kernel's own count of streamed key tiles is proportional to the kept blocks."""
+    from kernels.flash_fwd import flash_forward
+    from kernels.tuning import forward_config
+
+    seqlen, bs = 256, 64
+    q, k, v = random_qkv(1, seqlen, seqlen, 1, 1, 16, torch.float32)
+    cfg = forward_config(16, torch.float32, q.device, bs)
+    counts = {}
+    for name, layout in {
+        "dense": sparsity.BlockSparseLayout(torch.ones(1, 4, 4, dtype=torch.bool), bs),
+        "local": sparsity.local(seqlen, block_size=bs, window_blocks=1),
+    }.items():
+        visits = torch.zeros(seqlen // cfg.block_m, dtype=torch.int32)
+        tables = layout.tables(seqlen, seqlen, False, "cpu")
+        flash_forward(q, k, v, torch.empty_like(q), torch.empty(1, 1, seqlen), cu_seqlens_q=None,
+                      cu_seqlens_k=None, max_seqlen_q=seqlen, max_seqlen_k=seqlen,
+                      softmax_scale=0.25, window_left=1 << 30, window_right=1 << 30,
+                      dropout_p=0.0, seed=0, tables=tables.as_list(), block_size=bs,
+                      visits=visits)  # fmt: skip
+        tiles_per_block = (bs // cfg.block_m) * (bs // cfg.block_n)
+        assert int(visits.sum()) == tables.blocks_visited() * tiles_per_block
+        counts[name] = int(visits.sum())
+    assert counts["local"] / counts["dense"] == pytest.approx(10 / 16)
+
+
+@pytest.mark.parametrize(
+    "make_mask, block_size, message",
+    [
+        (
+            lambda: torch.ones(1, 2, 2, dtype=torch.bool),
+            32,
+            r"block_size=32 is not supported; allowed: \(64, 128\)",
+        ),
+        (lambda: torch.ones(1, 3, 2, dtype=torch.bool), 64, r"must be \(1 or 2, 2, 2\)"),
+        (lambda: torch.ones(3, 2, 2, dtype=torch.bool), 64, r"must be \(1 or 2, 2, 2\)"),
+        (lambda: torch.ones(1, 2, 2), 64, "must be a bool tensor"),
+        (lambda: [[True]], 64, "bool tensor or a flashtrain.attention.sparsity layout"),
+        (lambda: sparsity.local(100, block_size=128), 64, "built with block_size=128"),
+    ],
+)
+def test_bad_block_masks(make_mask, block_size, message):
+    q, k, v = random_qkv(1, 100, 100, 2, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match=message):
+        blocksparse_attn_func(q, k, v, make_mask(), block_size=block_size)
+
+
+def test_backends_agree_on_sparse_causal():
+    torch.manual_seed(3)
+    q, k, v = random_qkv(1, 192, 192, 2, 1, 32, torch.float32)
+    dout = torch.randn_like(q)
+    layout = sparsity.bigbird(
+        192, block_size=64, heads=2, num_global=1, window_blocks=0, num_random=1
+    )
+    results = {}
+    for name in ("triton", "torch"):
+        os.environ["FLASHTRAIN_CPU_ATTENTION"] = name
+        try:
+            results[name] = forward_backward(
+                lambda a, b, c: blocksparse_attn_func(
+                    a, b, c, layout, causal=True, return_lse=True
+                ),
+                q,
+                k,
+                v,
+                dout,
+            )
+        finally:
+            del os.environ["FLASHTRAIN_CPU_ATTENTION"]
+    for a, b in zip(results["triton"], results["torch"]):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
