@@ -30,10 +30,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--sweep", choices=["dense", "window"], default="dense")
-    p.add_argument(
-        "--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
-    )
+    p.add_argument("--sweep", choices=["dense", "window", "blocksparse"], default="dense")
+    p.add_argument("--seqlens", type=int, nargs="+", default=None, help="default: per sweep")
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--causal", choices=["both", "true", "false"], default="both")
     p.add_argument("--windows", type=int, nargs="+", default=[256, 1024, 4096])
@@ -41,7 +39,14 @@ def parse_args(argv=None):
     p.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--tag", default=date.today().isoformat())
     p.add_argument("--rep", type=int, default=20)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.seqlens is None:  # the block-sparse sweep is about long sequences
+        args.seqlens = (
+            [4096, 8192, 16384, 32768, 65536]
+            if args.sweep == "blocksparse"
+            else [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
+        )
+    return args
 
 
 def causal_flags(choice: str) -> list[bool]:
@@ -168,8 +173,77 @@ def window_sweep(args) -> list[dict]:
     return rows
 
 
+# (pattern, its arguments): densities from ~1% to ~30% at 64K tokens
+SPARSE_POINTS = [
+    ("butterfly", {}),
+    ("butterfly", {"diag_blocks": 8}),
+    ("local", {"window_blocks": 1}),
+    ("local", {"window_blocks": 8}),
+    ("local", {"window_blocks": 25}),
+    ("local", {"window_blocks": 80}),
+]
+
+
+def sparse_layouts(seqlen: int, block_size: int = 128):
+    from flashtrain.attention import sparsity
+
+    for name, kwargs in SPARSE_POINTS:
+        layout = sparsity.PATTERNS[name](seqlen, block_size=block_size, **kwargs)
+        yield f"{name}({', '.join(f'{k}={v}' for k, v in kwargs.items())})", layout
+
+
+def blocksparse_sweep(args) -> list[dict]:
+    """Ours vs FlexAttention on the same layouts, plus dense flash_attn_func, vs density."""
+    rows = []
+    for head_dim in args.head_dims:
+        for causal in causal_flags(args.causal):
+            for seqlen in args.seqlens:
+                batch, heads = shape_for(seqlen, head_dim)
+                q, k, v = (
+                    torch.randn(
+                        batch,
+                        seqlen,
+                        heads,
+                        head_dim,
+                        device="cuda",
+                        dtype=torch.bfloat16,
+                        requires_grad=True,
+                    )
+                    for _ in range(3)
+                )
+                dims = (batch, heads, seqlen, head_dim)
+                dense = (
+                    lambda q=q, k=k, v=v, c=causal: flash_attn_func(q, k, v, causal=c),
+                    (q, k, v),
+                )
+                rows += [
+                    dict(r, method="flashtrain dense")
+                    for r in bench_method("dense", *dense, dims, causal, args.rep, 1.0, "dense")
+                ]
+                for variant, layout in sparse_layouts(seqlen):
+                    tables = layout.tables(seqlen, seqlen, causal, "cuda")
+                    visited = tables.blocks_visited() / layout.block_mask[0].numel()
+                    # FLOPs count only the kept blocks (and causal halves them again below).
+                    density = visited * (2.0 if causal else 1.0)
+                    for name, method in baselines.blocksparse_methods(
+                        q, k, v, layout, causal=causal
+                    ).items():
+                        if isinstance(method, str):
+                            continue
+                        new = bench_method(name, *method, dims, causal, args.rep, density, variant)
+                        rows += new
+                        ms = next(r["ms"] for r in new if r["mode"] == "fwd_bwd")
+                        print(
+                            f"d={head_dim} causal={causal} seqlen={seqlen:6d} {variant:28s} "
+                            f"density={layout.density:.3f} {name:10s} fwd+bwd {ms} ms",
+                            flush=True,
+                        )
+    return rows
+
+
 def cpu_report(args) -> int:
-    """No CUDA: a tiny smoke of the op, and the tile counts the kernels would stream."""
+    """No CUDA: a tiny smoke of the op, and the tile counts the kernels would stream
+    (printed, and written as markdown: operation counts, not timings)."""
     from kernels.visits import key_blocks_visited
 
     print("No CUDA device: the GPU benchmark is skipped (no timings are claimed on CPU).")
@@ -177,18 +251,40 @@ def cpu_report(args) -> int:
     t0 = time.time()
     flash_attn_func(q, k, v, causal=True).sum().backward()
     print(f"CPU smoke: flash_attn_func fwd+bwd (1x64x2x32, causal) ran in {time.time() - t0:.2f}s")
-    print("\nKey tiles streamed per (batch, head) by the forward kernel (128x64 tiles):")
-    print(
-        f"{'seqlen':>8} {'dense':>10} {'causal':>10} "
-        + " ".join(f"{'win ' + str(w):>10}" for w in args.windows)
-    )
+    lines = [
+        "# Kernel work by tile counts (CPU, no GPU timings)",
+        "",
+        "Key tiles the forward kernel streams per (batch, head), 128x64 tiles; sliding windows are causal.",
+        "",
+        "| seqlen | dense | causal | " + " | ".join(f"window {w}" for w in args.windows) + " |",
+        "|---|---|---|" + "---|" * len(args.windows),
+    ]
     for seqlen in args.seqlens:
-        dense = key_blocks_visited(seqlen, seqlen)
-        causal = key_blocks_visited(seqlen, seqlen, causal=True)
-        local = [
+        counts = [
+            key_blocks_visited(seqlen, seqlen),
+            key_blocks_visited(seqlen, seqlen, causal=True),
+        ]
+        counts += [
             key_blocks_visited(seqlen, seqlen, window_left=w, causal=True) for w in args.windows
         ]
-        print(f"{seqlen:>8} {dense:>10} {causal:>10} " + " ".join(f"{n:>10}" for n in local))
+        lines.append(f"| {seqlen} | " + " | ".join(str(c) for c in counts) + " |")
+    lines += [
+        "",
+        "Block-sparse: 128x128 blocks visited per (batch, head), non-causal, from the layout tables",
+        "the kernels iterate (tests check the kernels' own visit counts against them).",
+        "",
+        "| seqlen | layout | blocks visited | of dense |",
+        "|---|---|---|---|",
+    ]
+    for seqlen in [s for s in args.seqlens if s >= 4096]:
+        n = -(-seqlen // 128)
+        for variant, layout in sparse_layouts(seqlen):
+            visited = layout.tables(seqlen, seqlen, False, "cpu").blocks_visited()
+            lines.append(f"| {seqlen} | {variant} | {visited} | {visited / (n * n):.2%} |")
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "tile-counts-cpu.md").write_text(text)
     return 0
 
 
@@ -204,7 +300,8 @@ def main(argv=None) -> int:
         f"copy {env['copy_bandwidth_gbs']:.0f} GB/s",
         flush=True,
     )
-    rows = dense_sweep(args) if args.sweep == "dense" else window_sweep(args)
+    sweeps = {"dense": dense_sweep, "window": window_sweep, "blocksparse": blocksparse_sweep}
+    rows = sweeps[args.sweep](args)
     stem = f"attention-{args.sweep}-{report.slug(env['device'])}-{args.tag}"
     report.write_json(
         args.out_dir / f"{stem}.json",

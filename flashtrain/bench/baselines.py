@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from flashtrain.attention import flash_attn_func
+from flashtrain.attention import blocksparse_attn_func, flash_attn_func
 
 SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
@@ -91,6 +91,39 @@ def dense_methods(q, k, v, *, causal: bool) -> dict[str, Method | str]:
         methods["flex"] = "skipped: this torch has no FlexAttention"
     else:
         mask = dense_block_mask(causal, q.shape[1], k.shape[1])
+        methods["flex"] = (lambda: flex(qt, kt, vt, block_mask=mask), (qt, kt, vt))
+    return methods
+
+
+def flex_block_mask_from_layout(layout, seqlen: int, causal: bool):
+    """The same block layout as a FlexAttention BlockMask: our partial/full tables become its
+    kv_num_blocks/kv_indices (mask_mod applied) and full_kv_* (no mask_mod)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    t = layout.tables(seqlen, seqlen, causal, "cuda")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        in_seq = kv_idx < seqlen
+        return (in_seq & (kv_idx <= q_idx)) if causal else in_seq
+
+    return BlockMask.from_kv_blocks(
+        t.kv_partial_count[None], t.kv_partial_index[None],
+        t.kv_full_count[None], t.kv_full_index[None],
+        BLOCK_SIZE=layout.block_size, mask_mod=mask_mod, seq_lengths=(seqlen, seqlen),
+    )  # fmt: skip
+
+
+def blocksparse_methods(q, k, v, layout, *, causal: bool) -> dict[str, Method | str]:
+    """Ours on the layout vs FlexAttention with the same BlockMask. q/k/v: (B, S, H, D)."""
+    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+    methods: dict[str, Method | str] = {
+        "flashtrain": (lambda: blocksparse_attn_func(q, k, v, layout, causal=causal), (q, k, v))
+    }
+    flex = flex_attention_fn()
+    if flex is None:
+        methods["flex"] = "skipped: this torch has no FlexAttention"
+    else:
+        mask = flex_block_mask_from_layout(layout, q.shape[1], causal)
         methods["flex"] = (lambda: flex(qt, kt, vt, block_mask=mask), (qt, kt, vt))
     return methods
 
