@@ -1,0 +1,238 @@
+"""Text corpora through Hugging Face `datasets`, and their preparation into token caches.
+
+A corpus is a hub dataset (`hub_name`, `hub_config`) or local files (`data_files`: .txt / .jsonl /
+.json / .parquet / .csv, globs allowed) read by the `datasets` packaged builders. The validation
+split is the source's own (`val_split`) or a seeded fraction of the documents (`val_fraction`,
+`split_seed`), so it is the same on every run and machine.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from flashtrain.data.config import cache_root
+from flashtrain.data.files import describe_missing, exclusive_lock
+from flashtrain.data.token_cache import VERSION, open_token_file, write_token_file
+from flashtrain.data.tokenization import Tokenizer
+
+LOCAL_BUILDERS = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+}
+SPLITS = ("train", "validation")
+
+
+def resolve_local_files(patterns) -> list[str]:
+    """Existing files matching the pattern(s), sorted; an error naming what is allowed if none."""
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    files = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(os.path.expanduser(str(pattern)), recursive=True))
+        matches = [m for m in matches if os.path.isfile(m)]
+        if not matches:
+            raise FileNotFoundError(describe_missing(str(pattern), "/".join(LOCAL_BUILDERS)))
+        files.extend(matches)
+    return files
+
+
+def local_builder(files: list[str]) -> str:
+    """The packaged `datasets` builder for these files (one kind per corpus)."""
+    suffixes = {Path(f).suffix.lower() for f in files}
+    builders = {LOCAL_BUILDERS.get(s) for s in suffixes}
+    if None in builders or len(builders) != 1:
+        raise ValueError(
+            f"data files must all be one of the kinds {sorted(LOCAL_BUILDERS)} "
+            f"(text / json lines / parquet / csv); got suffixes {sorted(suffixes)}"
+        )
+    return builders.pop()
+
+
+def _hf_cache(cfg: dict) -> str:
+    return str(cache_root(cfg) / "hf_datasets")
+
+
+def load_split(cfg: dict, split: str, *, streaming: bool = False):
+    """A `datasets` Dataset (or IterableDataset) of one split of the configured source, or None
+    when the source has no such split (the validation split is then carved from train)."""
+    from datasets import load_dataset
+
+    if cfg.get("data_files"):
+        key = "data_files" if split == "train" else "val_files"
+        if not cfg.get(key):
+            return None
+        files = resolve_local_files(cfg[key])
+        builder = local_builder(files)
+        extra = {"sample_by": cfg.get("sample_by", "document")} if builder == "text" else {}
+        return load_dataset(
+            builder,
+            data_files={split: files},
+            split=split,
+            streaming=streaming,
+            cache_dir=_hf_cache(cfg),
+            **extra,
+        )
+    if cfg.get("hub_name"):
+        name = cfg["hub_name"]
+        hub_split = cfg.get("train_split", "train") if split == "train" else cfg.get("val_split")
+        if hub_split is None:
+            return None
+        return load_dataset(
+            name,
+            cfg.get("hub_config"),
+            split=hub_split,
+            streaming=streaming,
+            cache_dir=_hf_cache(cfg),
+        )
+    raise ValueError(
+        f"data config '{cfg.get('name')}' names no source: set data_files (local .txt/.jsonl/"
+        ".parquet/.csv files) or hub_name (a Hugging Face dataset)"
+    )
+
+
+def train_val_splits(cfg: dict):
+    """(train, validation) Datasets; validation carved deterministically when the source lacks it."""
+    train = load_split(cfg, "train")
+    val = load_split(cfg, "validation")
+    if val is not None:
+        return train, val
+    if len(train) < 2:
+        raise ValueError(f"corpus has {len(train)} document(s); need >= 2 to split off validation")
+    fraction = float(cfg.get("val_fraction", 0.01))
+    n_val = min(len(train) - 1, max(1, round(len(train) * fraction)))
+    parts = train.train_test_split(
+        test_size=n_val, seed=int(cfg.get("split_seed", 1234)), shuffle=True
+    )
+    return parts["train"], parts["test"]
+
+
+def source_spec(cfg: dict, tokenizer: Tokenizer) -> dict:
+    """Everything that decides the cache contents; its hash names the cache directory."""
+    if cfg.get("data_files"):
+        files = {
+            key: [
+                (f, os.path.getsize(f), os.stat(f).st_mtime_ns)
+                for f in resolve_local_files(cfg[key])
+            ]
+            for key in ("data_files", "val_files")
+            if cfg.get(key)
+        }
+        source = {"local": files, "sample_by": cfg.get("sample_by", "document")}
+    else:
+        source = {k: cfg.get(k) for k in ("hub_name", "hub_config", "train_split", "val_split")}
+    return {
+        "source": source,
+        "text_field": cfg.get("text_field", "text"),
+        "split": None
+        if cfg.get("val_files") or cfg.get("val_split")
+        else [float(cfg.get("val_fraction", 0.01)), int(cfg.get("split_seed", 1234))],
+        "tokenizer": tokenizer.name,
+        "eos_policy": cfg.get("eos_policy", "append"),
+        "cache_version": VERSION,
+    }
+
+
+def corpus_cache_dir(cfg: dict, tokenizer: Tokenizer) -> Path:
+    """<cache_dir>/tokens/<name>-<tokenizer>-eos_<policy>-<hash of the source spec>."""
+    spec = source_spec(cfg, tokenizer)
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    slug = f"{cfg.get('name', 'corpus')}-{tokenizer.name}-eos_{spec['eos_policy']}-{digest}"
+    return cache_root(cfg) / "tokens" / slug
+
+
+def tokenize(
+    dataset, tokenizer: Tokenizer, *, text_field: str, eos_policy: str, num_proc: int | None
+):
+    """Map documents to token ids (+ EOS), dropping empty ones; parallel with a progress bar."""
+    from datasets import Features, List, Value
+
+    if text_field not in dataset.column_names:
+        raise KeyError(
+            f"documents have no '{text_field}' field (have {dataset.column_names}); set data.text_field"
+        )
+    eos = [tokenizer.eos_id] if eos_policy == "append" else []
+
+    def encode(batch):
+        texts = [t for t in batch[text_field] if t and t.strip()]
+        ids = [doc + eos for doc in tokenizer.encode_batch(texts)]
+        return {"ids": ids, "length": [len(doc) for doc in ids]}
+
+    if num_proc and num_proc > 1:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no Rust threads across forks
+    return dataset.map(
+        encode,
+        batched=True,
+        remove_columns=dataset.column_names,
+        num_proc=num_proc,
+        features=Features({"ids": List(Value("uint32")), "length": Value("int64")}),
+        desc="tokenizing",
+    )
+
+
+def _arrow_chunks(tokenized, batch_size: int = 4096):
+    """(ids, lengths) numpy pairs straight from the Arrow columns (no Python lists)."""
+    for table in tokenized.with_format("arrow").iter(batch_size=batch_size):
+        column = table["ids"].combine_chunks()
+        yield column.flatten().to_numpy(), column.value_lengths().to_numpy()
+
+
+def prepare_corpus(cfg: dict, tokenizer: Tokenizer, *, progress: bool = True) -> dict[str, Path]:
+    """Build (or verify) the token cache of both splits; returns {split: path}. Safe to call from
+    every rank at once: one prepares under a lock, the others then find the finished files."""
+    directory = corpus_cache_dir(cfg, tokenizer)
+    eos_policy = cfg.get("eos_policy", "append")
+    if eos_policy == "append" and tokenizer.eos_id is None:
+        raise ValueError(f"tokenizer '{tokenizer.name}' has no EOS token; set data.eos_policy=none")
+    paths = {split: directory / f"{split}.bin" for split in SPLITS}
+    with exclusive_lock(directory.parent, f".{directory.name}.lock"):
+        if all(p.exists() for p in paths.values()):
+            for p in paths.values():  # refuse rather than silently rebuild a damaged cache
+                open_token_file(p, tokenizer=tokenizer.name, eos_policy=eos_policy)
+            return paths
+        directory.mkdir(parents=True, exist_ok=True)
+        spec = source_spec(cfg, tokenizer)
+        (directory / "spec.json").write_text(json.dumps(spec, indent=1, sort_keys=True))
+        splits = dict(zip(SPLITS, train_val_splits(cfg)))
+        for split, dataset in splits.items():
+            tokenized = tokenize(
+                dataset,
+                tokenizer,
+                text_field=cfg.get("text_field", "text"),
+                eos_policy=eos_policy,
+                num_proc=cfg.get("num_proc"),
+            )
+            lengths = np.asarray(tokenized["length"], dtype=np.int64)
+            write_token_file(
+                paths[split],
+                _arrow_chunks(tokenized),
+                num_tokens=int(lengths.sum()),
+                num_docs=len(lengths),
+                tokenizer=tokenizer.name,
+                vocab_size=tokenizer.vocab_size,
+                eos_policy=eos_policy,
+                eos_id=tokenizer.eos_id,
+                source=directory.name,
+                progress=progress,
+            )
+    return paths
+
+
+def open_corpus(cfg: dict, tokenizer: Tokenizer, *, progress: bool = True):
+    """{split: TokenFile}, preparing the cache first if needed."""
+    paths = prepare_corpus(cfg, tokenizer, progress=progress)
+    eos_policy = cfg.get("eos_policy", "append")
+    return {
+        s: open_token_file(p, tokenizer=tokenizer.name, eos_policy=eos_policy)
+        for s, p in paths.items()
+    }

@@ -1,0 +1,106 @@
+"""Language-model batches from a token cache: contiguous windows of seq_len + 1 tokens.
+
+Each epoch cuts the training tokens into disjoint windows starting at a seeded random shift (so
+window boundaries move between epochs), shuffles them and deals them to the ranks (no overlap).
+Validation uses fixed windows from the start of the validation tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from flashtrain.data.config import cache_root, check_vocab_size
+from flashtrain.data.corpus import open_corpus
+from flashtrain.data.module import EvalBatches, SampledDataModule, eval_items
+from flashtrain.data.sampling import EpochSampler, epoch_rng
+from flashtrain.data.tokenization import build_tokenizer
+
+
+def lm_batch(rows: np.ndarray) -> dict[str, torch.Tensor]:
+    """rows (B, T + 1) token ids -> input_ids (B, T) and labels (B, T) = the next tokens."""
+    rows = torch.from_numpy(rows.astype(np.int64))
+    return {"input_ids": rows[:, :-1].contiguous(), "labels": rows[:, 1:].contiguous()}
+
+
+def gather_windows(tokens: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:
+    """(len(starts), window) copies of tokens[start : start + window]."""
+    if len(starts) == 0:
+        return np.empty((0, window), dtype=tokens.dtype)
+    return np.stack([tokens[s : s + window] for s in starts.tolist()])
+
+
+def fixed_windows(
+    tokens,
+    window: int,
+    micro_batch_size: int,
+    rank: int,
+    world_size: int,
+    max_batches: int | None = None,
+) -> EvalBatches:
+    """Finite, re-iterable LM batches over the disjoint windows from the start of `tokens`,
+    dealt to ranks (same count each); max_batches caps the batches per rank."""
+    mine = eval_items(
+        len(tokens) // window, rank, world_size, f"validation ({window}-token windows)"
+    )
+    return EvalBatches(
+        lambda items: lm_batch(gather_windows(tokens, items * window, window)),
+        mine,
+        micro_batch_size,
+        max_batches,
+    )
+
+
+class TokenCacheLM(SampledDataModule):
+    """task 'lm' over a prepared token cache (see corpus.py); eos_id and the document starts
+    (`doc_starts` of each split) are exposed for packed / varlen training."""
+
+    task = "lm"
+    num_classes = None
+
+    def __init__(self, cfg: dict, *, seq_len, micro_batch_size, seed, rank=0, world_size=1):
+        self.tokenizer = build_tokenizer(cfg, cache_root(cfg))
+        self.vocab_size = check_vocab_size(cfg, self.tokenizer.vocab_size, self.tokenizer.name)
+        self.eos_id = self.tokenizer.eos_id
+        self.splits = open_corpus(cfg, self.tokenizer, progress=rank == 0)
+        self.train_tokens = self.splits["train"].tokens
+        self.window = seq_len + 1
+        self.micro_batch_size = micro_batch_size
+        self.seed = seed
+        self.max_val_batches = cfg.get("val_max_batches")
+        self.rank, self.world_size = rank, world_size
+        self._shifts: dict[int, int] = {}
+        if len(self.train_tokens) < self.window * world_size:
+            raise ValueError(
+                f"training split has {len(self.train_tokens)} tokens: too few for {world_size} "
+                f"rank(s) x one window of seq_len + 1 = {self.window}"
+            )
+        self.sampler = EpochSampler(
+            lambda epoch: (len(self.train_tokens) - self.shift(epoch)) // self.window,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+        )
+
+    def shift(self, epoch: int) -> int:
+        """Where epoch's first window starts: random in [0, window) when the data allows."""
+        if epoch not in self._shifts:
+            slack = len(self.train_tokens) - self.window * self.world_size
+            rng = epoch_rng(self.seed, epoch, purpose=1)
+            self._shifts[epoch] = int(rng.integers(min(self.window, slack + 1)))
+        return self._shifts[epoch]
+
+    def make_batch(self, epochs, items):
+        shifts = np.array([self.shift(int(e)) for e in epochs], dtype=np.int64)
+        starts = shifts + items * self.window
+        return lm_batch(gather_windows(self.train_tokens, starts, self.window))
+
+    def val_batches(self):
+        return fixed_windows(
+            self.splits["validation"].tokens,
+            self.window,
+            self.micro_batch_size,
+            self.rank,
+            self.world_size,
+            self.max_val_batches,
+        )

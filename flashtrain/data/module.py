@@ -1,0 +1,90 @@
+"""The DataModule contract (docs/interfaces.md) and the shared part of its implementations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from flashtrain.data.sampling import EpochSampler, rank_share
+
+TASKS = ("lm", "mlm", "classification")
+IGNORE_INDEX = -100  # label value the losses skip
+
+
+class DataModule:
+    """What the trainer gets from build_data.
+
+    task: "lm" | "mlm" | "classification"; vocab_size: int; num_classes: int or None.
+    train_batches(): endless iterator of batches for this rank, continuing from the current
+    stream position (one live iterator at a time: they share the position).
+    val_batches(): finite, identical on every call, a disjoint share per rank (same count).
+    state_dict() / load_state_dict(): the training stream position.
+    """
+
+    task: str
+    vocab_size: int
+    num_classes: int | None = None
+
+    def train_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def val_batches(self) -> Iterable[dict[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+
+class SampledDataModule(DataModule):
+    """A DataModule whose training stream is an EpochSampler over items that `make_batch` turns
+    into a batch; the stream position is the sampler's."""
+
+    sampler: EpochSampler
+    micro_batch_size: int
+
+    def make_batch(self, epochs, items) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def train_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        while True:
+            epochs, items = self.sampler.take(self.micro_batch_size)
+            yield self.make_batch(epochs, items)
+
+    def state_dict(self) -> dict:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+
+class EvalBatches:
+    """A finite, re-iterable sequence of batches made on demand, identical on every pass.
+
+    items: this rank's item ids in order; make(items) -> batch; batches of micro_batch_size
+    (the last one may be shorter), at most max_batches of them.
+    """
+
+    def __init__(self, make, items, micro_batch_size: int, max_batches: int | None = None):
+        if max_batches is not None:
+            items = items[: int(max_batches) * micro_batch_size]
+        self.make, self.items, self.size = make, items, micro_batch_size
+
+    def __len__(self) -> int:
+        return -(-len(self.items) // self.size)
+
+    def __iter__(self):
+        for lo in range(0, len(self.items), self.size):
+            yield self.make(self.items[lo : lo + self.size])
+
+
+def eval_items(count: int, rank: int, world_size: int, what: str):
+    """This rank's share of `count` evaluation items; an error when a rank would get none."""
+    if count < world_size:
+        raise ValueError(
+            f"{what} has {count} items, fewer than world_size={world_size}: every rank needs one"
+        )
+    return rank_share(count, rank, world_size)

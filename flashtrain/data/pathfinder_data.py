@@ -1,0 +1,206 @@
+"""Pathfinder as a cached `datasets.DatasetDict` and as a classification DataModule.
+
+The generated images are cached once per (resolution, contour length, count, seed, generator
+version) as images.npy (uint8 (N, R, R)), labels.npy (int64 (N,)) and meta.json in a directory
+written under a temporary name and renamed when complete. The DatasetDict wraps the memory-mapped
+arrays without copying: train / validation / test = the first 80%, next 10%, last 10% (even
+sizes, and since consecutive image pairs hold one label each, every split is exactly balanced).
+Batches: input_ids = the R * R pixel intensities (0..255) in row-major order, labels 0/1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flashtrain.data.config import cache_root
+from flashtrain.data.files import atomic_path, exclusive_lock
+from flashtrain.data.module import EvalBatches, SampledDataModule, eval_items
+from flashtrain.data.pathfinder import GENERATOR_VERSION, generate_pathfinder_into, settings_for
+from flashtrain.data.sampling import EpochSampler
+
+CLASS_NAMES = ["different", "same"]
+RESOLUTION_OF_NAME = {"pathfinder32": 32, "pathfinder64": 64, "pathx": 128, "path256": 256}
+
+
+def config_resolution(cfg: dict) -> int:
+    """`resolution`, else the one the config's name implies (pathx -> 128), else 128."""
+    return int(cfg.get("resolution") or RESOLUTION_OF_NAME.get(cfg.get("name"), 128))
+
+
+def pathfinder_cache_dir(
+    root: Path, resolution: int, contour_length: int, num: int, seed: int
+) -> Path:
+    name = f"pathfinder{resolution}-len{contour_length}-n{num}-seed{seed}-v{GENERATOR_VERSION}"
+    return Path(root) / "pathfinder" / name
+
+
+def _meta(resolution, contour_length, num, seed) -> dict:
+    return {
+        "resolution": resolution,
+        "contour_length": contour_length,
+        "num": num,
+        "seed": seed,
+        "generator_version": GENERATOR_VERSION,
+    }
+
+
+def load_or_generate(
+    root: Path,
+    resolution: int,
+    contour_length: int,
+    num: int,
+    seed: int,
+    *,
+    num_workers: int | None = None,
+    progress: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Memory-mapped (images (N, R, R) uint8, labels (N,) int64), generated on the first call."""
+    settings_for(resolution)
+    directory = pathfinder_cache_dir(root, resolution, contour_length, num, seed)
+    meta = _meta(resolution, contour_length, num, seed)
+    with exclusive_lock(directory.parent, f".{directory.name}.lock"):
+        if not directory.exists():
+            with atomic_path(directory) as tmp:
+                tmp.mkdir()
+                images = np.lib.format.open_memmap(
+                    tmp / "images.npy",
+                    mode="w+",
+                    dtype=np.uint8,
+                    shape=(num, resolution, resolution),
+                )
+                labels = np.lib.format.open_memmap(
+                    tmp / "labels.npy", mode="w+", dtype=np.int64, shape=(num,)
+                )
+                generate_pathfinder_into(
+                    images,
+                    labels,
+                    resolution,
+                    contour_length,
+                    seed,
+                    num_workers=num_workers,
+                    progress=progress,
+                )
+                images.flush()
+                labels.flush()
+                del images, labels
+                (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    return _open_cache(directory, meta)
+
+
+def _open_cache(directory: Path, meta: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Open a cache directory, refusing one whose metadata or array shapes do not match."""
+    try:
+        found = json.loads((directory / "meta.json").read_text())
+        images = np.load(directory / "images.npy", mmap_mode="r")
+        labels = np.load(directory / "labels.npy", mmap_mode="r")
+    except (OSError, ValueError) as error:  # missing, truncated or not .npy
+        raise ValueError(f"pathfinder cache {directory} is damaged ({error}); delete it") from error
+    size = meta["resolution"]
+    if (
+        found != meta
+        or images.shape != (meta["num"], size, size)
+        or images.dtype != np.uint8
+        or labels.shape != (meta["num"],)
+    ):
+        raise ValueError(
+            f"pathfinder cache {directory} does not hold what its name says; delete it"
+        )
+    return images, labels
+
+
+def split_ranges(num: int) -> dict[str, tuple[int, int]]:
+    """80/10/10 contiguous ranges with even sizes for validation and test."""
+    held_out = 2 * (num // 20)  # 10%, rounded down to an even count
+    train = num - 2 * held_out
+    return {
+        "train": (0, train),
+        "validation": (train, train + held_out),
+        "test": (train + held_out, num),
+    }
+
+
+def pathfinder_dataset(images: np.ndarray, labels: np.ndarray):
+    """A datasets.DatasetDict (train / validation / test) over the arrays, without copying them:
+    columns `pixels` (R * R uint8, row-major) and `label` (ClassLabel different / same)."""
+    import pyarrow as pa
+    from datasets import ClassLabel, Dataset, DatasetDict, DatasetInfo, Features, List, Value
+    from datasets.table import InMemoryTable
+
+    num, size = images.shape[0], images.shape[1]
+    features = Features(
+        {"pixels": List(Value("uint8"), length=size * size), "label": ClassLabel(names=CLASS_NAMES)}
+    )
+    # Arrow arrays over the numpy buffers (zero-copy), already in the schema of `features`, so
+    # `datasets` neither casts nor copies them.
+    flat = pa.array(np.asarray(images).reshape(-1))
+    pixels = pa.FixedSizeListArray.from_arrays(flat, size * size)
+    labels = pa.array(np.asarray(labels, dtype=np.int64))
+    table = pa.table({"pixels": pixels, "label": labels}, schema=features.arrow_schema)
+    full = Dataset(InMemoryTable(table), info=DatasetInfo(features=features))
+    return DatasetDict(
+        {name: full.select(range(lo, hi)) for name, (lo, hi) in split_ranges(num).items()}
+    )
+
+
+class PathfinderClassification(SampledDataModule):
+    """Path-X style classification: one R x R image = R * R tokens, 2 classes."""
+
+    task = "classification"
+    num_classes = 2
+    vocab_size = 256
+
+    def __init__(self, cfg: dict, *, seq_len, micro_batch_size, seed, rank=0, world_size=1):
+        resolution = config_resolution(cfg)
+        if seq_len != resolution * resolution:
+            raise ValueError(
+                f"{cfg.get('name', 'pathfinder')} images are {resolution}x{resolution} = "
+                f"{resolution * resolution} tokens; set seq_len={resolution * resolution} (got {seq_len})"
+            )
+        images, labels = load_or_generate(
+            cache_root(cfg),
+            resolution,
+            int(cfg.get("contour_length", 14)),
+            int(cfg.get("num_samples", 200_000)),
+            int(cfg.get("generator_seed", 0)),
+            num_workers=cfg.get("num_workers"),
+            progress=rank == 0,
+        )
+        self.dataset = pathfinder_dataset(images, labels).with_format("numpy")
+        self.vocab_size = max(256, int(cfg.get("vocab_size", 256)))
+        self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
+        self.max_val_batches = cfg.get("val_max_batches")
+        self.sampler = EpochSampler(
+            len(self.dataset["train"]), seed=seed, rank=rank, world_size=world_size
+        )
+
+    def batch(self, split: str, items) -> dict[str, torch.Tensor]:
+        rows = self.dataset[split][np.asarray(items).tolist()]
+        return {
+            "input_ids": torch.from_numpy(rows["pixels"].astype(np.int64)),
+            "labels": torch.from_numpy(rows["label"].astype(np.int64)),
+        }
+
+    def make_batch(self, epochs, items):
+        return self.batch("train", items)
+
+    def _eval_batches(self, split: str) -> EvalBatches:
+        mine = eval_items(
+            len(self.dataset[split]), self.rank, self.world_size, f"pathfinder {split}"
+        )
+        return EvalBatches(
+            lambda items: self.batch(split, items),
+            mine,
+            self.micro_batch_size,
+            self.max_val_batches,
+        )
+
+    def val_batches(self):
+        return self._eval_batches("validation")
+
+    def test_batches(self):
+        """The held-out 10% (report accuracy on it once, at the end)."""
+        return self._eval_batches("test")

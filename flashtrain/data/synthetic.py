@@ -1,0 +1,116 @@
+"""The built-in long-range LM task (the default data): associative recall over a long sequence.
+
+A sequence is key/value pairs k1 v1 k2 v2 ... with keys in [0, num_keys) and values in
+[num_keys, num_keys + num_values). Each sequence draws its own random key -> value table, and its
+keys uniformly with replacement, so a value can be predicted only by finding the same key earlier
+in the context; nothing carries over between sequences. Keys themselves are unpredictable noise,
+so by default only value positions are scored (loss_on: values).
+
+With the whole sequence as context, the value of pair j is known when its key occurred among the
+j earlier pairs, probability 1 - (1 - 1/num_keys)^j; otherwise the best guess costs
+log(num_values). The best achievable loss therefore falls strictly as seq_len grows
+(`recall_optimal_loss`): more context, lower loss, with no download.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from flashtrain.data.module import IGNORE_INDEX, DataModule, EvalBatches, eval_items
+
+TRAIN_STREAM, VAL_STREAM = 0, 1
+
+
+def recall_sequence(
+    rng: np.random.Generator, length: int, num_keys: int, num_values: int
+) -> np.ndarray:
+    """(length,) int64 tokens: k v k v ... with a fresh key -> value table."""
+    pairs = (length + 1) // 2
+    table = num_keys + rng.integers(num_values, size=num_keys)
+    keys = rng.integers(num_keys, size=pairs)
+    tokens = np.empty(2 * pairs, dtype=np.int64)
+    tokens[0::2], tokens[1::2] = keys, table[keys]
+    return tokens[:length]
+
+
+def recall_optimal_loss(seq_len: int, num_keys: int, num_values: int) -> float:
+    """Expected loss (nats) per scored value of the best predictor that sees the whole window of
+    seq_len inputs: log(num_values) times the chance that the value's key is new in the window."""
+    pairs = (seq_len + 1) // 2  # values at label positions 0, 2, 4, ... < seq_len
+    unseen = (1.0 - 1.0 / num_keys) ** np.arange(pairs)
+    return float(math.log(num_values) * unseen.mean())
+
+
+class AssociativeRecall(DataModule):
+    task = "lm"
+    num_classes = None
+
+    def __init__(self, cfg: dict, *, seq_len, micro_batch_size, seed, rank=0, world_size=1):
+        self.num_keys = int(cfg.get("num_keys", 128))
+        self.num_values = int(cfg.get("num_values", 128))
+        needed = self.num_keys + self.num_values
+        self.vocab_size = int(cfg.get("vocab_size", needed))
+        if self.vocab_size < needed:
+            raise ValueError(
+                f"synthetic data needs vocab_size >= num_keys + num_values = {needed}, "
+                f"got {self.vocab_size}"
+            )
+        self.loss_on = cfg.get("loss_on", "values")
+        if self.loss_on not in ("values", "all"):
+            raise ValueError(f"loss_on must be 'values' or 'all', got '{self.loss_on}'")
+        self.val_sequences = int(cfg.get("val_sequences", 256))
+        self.val_items = eval_items(self.val_sequences, rank, world_size, "synthetic validation")
+        self.seq_len, self.micro_batch_size, self.seed = seq_len, micro_batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.step = 0
+
+    def batch(self, stream: int, indices) -> dict[str, torch.Tensor]:
+        """Sequences number `indices` of a stream: each from its own seeded generator, so the
+        global sample order does not depend on how many ranks share it."""
+        rows = np.stack(
+            [
+                recall_sequence(
+                    np.random.default_rng(
+                        np.random.SeedSequence(self.seed, spawn_key=(stream, int(i)))
+                    ),
+                    self.seq_len + 1,
+                    self.num_keys,
+                    self.num_values,
+                )
+                for i in indices
+            ]
+        )  # (B, T + 1)
+        input_ids, labels = rows[:, :-1], rows[:, 1:].copy()
+        if self.loss_on == "values":
+            labels[labels < self.num_keys] = IGNORE_INDEX  # the next key is pure noise
+        return {"input_ids": torch.from_numpy(input_ids.copy()), "labels": torch.from_numpy(labels)}
+
+    def train_batches(self):
+        batch = self.micro_batch_size
+        while True:
+            first = (self.step * self.world_size + self.rank) * batch
+            self.step += 1
+            yield self.batch(TRAIN_STREAM, range(first, first + batch))
+
+    def val_batches(self):
+        return EvalBatches(
+            lambda items: self.batch(VAL_STREAM, items), self.val_items, self.micro_batch_size
+        )
+
+    def optimal_loss(self) -> float:
+        return recall_optimal_loss(self.seq_len, self.num_keys, self.num_values)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "seed": self.seed, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seed", "world_size"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"data state was saved with {key}={state[key]}, this run has "
+                    f"{getattr(self, key)}; the stream resumes exactly only with the same {key}"
+                )
+        self.step = int(state["step"])

@@ -1,0 +1,212 @@
+"""Tokenizers: UTF-8 bytes (no files), GPT-2 byte-level BPE and BERT WordPiece (local files).
+
+Every tokenizer has a `name` that pins down exactly what produced a token cache (kind plus a
+fingerprint of its vocabulary files); caches record it and refuse to load under another.
+Nothing is downloaded: the BPE / WordPiece files are looked for in the configured path, in
+$FLASHTRAIN_TOKENIZERS/<name>/, in <cache_dir>/tokenizers/<name>/, and in the Hugging Face and
+tiktoken caches; when absent the error says what to download and where to put it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+TOKENIZER_KINDS = ("byte", "gpt2", "wordpiece")
+
+# The files tiktoken caches for its "gpt2" encoding are named by the SHA-1 of their URL.
+_TIKTOKEN_GPT2 = {
+    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+}
+
+
+class Tokenizer:
+    """name, vocab_size, special ids (None when absent) and encode_batch(texts) -> id lists."""
+
+    name: str
+    vocab_size: int
+    eos_id: int | None = None
+    pad_id: int | None = None
+    cls_id: int | None = None
+    sep_id: int | None = None
+    mask_id: int | None = None
+    unk_id: int | None = None
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    @property
+    def special_ids(self) -> list[int]:
+        ids = (self.eos_id, self.pad_id, self.cls_id, self.sep_id, self.mask_id, self.unk_id)
+        return sorted({i for i in ids if i is not None})
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as ids 0..255, then <eos> = 256 and <pad> = 257."""
+
+    name = "byte-utf8"
+    vocab_size = 258
+    eos_id = 256
+    pad_id = 257
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [list(text.encode("utf-8")) for text in texts]
+
+    def decode(self, ids) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def _fingerprint(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+class HFTokenizer(Tokenizer):
+    """A `tokenizers` (Rust) tokenizer with the special ids looked up by their token strings."""
+
+    def __init__(self, backend, name: str, specials: dict[str, str]):
+        self.backend = backend
+        self.name = name
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        for attribute, token in specials.items():
+            token_id = backend.token_to_id(token)
+            if token_id is None:
+                raise ValueError(f"tokenizer '{name}' has no {token} token (needed as {attribute})")
+            setattr(self, attribute, token_id)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        return self.backend.decode(list(ids))
+
+
+def _hf_snapshot_dirs(repo_ids: list[str]) -> list[Path]:
+    hub = (
+        os.environ.get("HF_HUB_CACHE")
+        or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+    )
+    dirs = []
+    for repo in repo_ids:
+        snapshots = Path(hub) / ("models--" + repo.replace("/", "--")) / "snapshots"
+        if snapshots.is_dir():
+            dirs.extend(sorted(snapshots.iterdir()))
+    return dirs
+
+
+def _search_dirs(explicit: str | None, local_name: str, cache_root: Path, hub_repos: list[str]):
+    dirs = []
+    if explicit:
+        dirs.append(Path(explicit).expanduser())
+    if os.environ.get("FLASHTRAIN_TOKENIZERS"):
+        dirs.append(Path(os.environ["FLASHTRAIN_TOKENIZERS"]) / local_name)
+    dirs.append(Path(cache_root) / "tokenizers" / local_name)
+    return dirs + _hf_snapshot_dirs(hub_repos)
+
+
+_GPT2_SPECIALS = {"eos_id": "<|endoftext|>"}
+
+
+def _gpt2_from_tokenizer_json(path: Path) -> HFTokenizer:
+    from tokenizers import Tokenizer as Backend
+
+    return HFTokenizer(
+        Backend.from_file(str(path)), f"gpt2-bpe-{_fingerprint([path])}", _GPT2_SPECIALS
+    )
+
+
+def _gpt2_from_bpe_files(vocab: Path, merges: Path) -> HFTokenizer:
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+
+    backend = Backend(models.BPE.from_file(str(vocab), str(merges)))
+    # GPT-2 splits text with its regex, on raw bytes mapped to printable characters.
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return HFTokenizer(backend, f"gpt2-bpe-{_fingerprint([vocab, merges])}", _GPT2_SPECIALS)
+
+
+def load_gpt2(
+    explicit_path: str | None = None, cache_root: Path = Path("data_cache")
+) -> HFTokenizer:
+    """GPT-2 byte-level BPE (50257 ids, <|endoftext|> = 50256) from local files: tokenizer.json,
+    or vocab.json + merges.txt, or tiktoken's cached encoder.json + vocab.bpe."""
+    dirs = _search_dirs(explicit_path, "gpt2", cache_root, ["openai-community/gpt2", "gpt2"])
+    for d in dirs:
+        if d.is_file() and d.suffix == ".json":  # an explicit tokenizer.json
+            return _gpt2_from_tokenizer_json(d)
+        for vocab, merges in (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")):
+            if (d / vocab).is_file() and (d / merges).is_file():
+                return _gpt2_from_bpe_files(d / vocab, d / merges)
+        if (d / "tokenizer.json").is_file():
+            return _gpt2_from_tokenizer_json(d / "tokenizer.json")
+
+    gym = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+    tiktoken_dir = Path(gym) if gym else Path(tempfile.gettempdir()) / "data-gym-cache"
+    encoder, bpe = (
+        tiktoken_dir / hashlib.sha1(u.encode()).hexdigest() for u in _TIKTOKEN_GPT2.values()
+    )
+    if encoder.is_file() and bpe.is_file():
+        return _gpt2_from_bpe_files(encoder, bpe)
+
+    looked = "\n  ".join(str(d) for d in dirs + [tiktoken_dir])
+    raise FileNotFoundError(
+        "GPT-2 BPE files not found (nothing is downloaded at run time). Looked in:\n  "
+        f"{looked}\nDownload vocab.json and merges.txt (or tokenizer.json) of the Hugging Face model "
+        f"'openai-community/gpt2' into {Path(cache_root) / 'tokenizers' / 'gpt2'}/ "
+        "(or any folder named by data.tokenizer_path or $FLASHTRAIN_TOKENIZERS/gpt2/)."
+    )
+
+
+def load_wordpiece(
+    explicit_path: str | None = None,
+    cache_root: Path = Path("data_cache"),
+    local_name: str = "bert-base-uncased",
+    lowercase: bool = True,
+) -> HFTokenizer:
+    """BERT WordPiece from a local vocab.txt (a file path or a folder holding one)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    repos = [f"google-bert/{local_name}", local_name]
+    dirs = _search_dirs(explicit_path, local_name, cache_root, repos)
+    for d in dirs:
+        path = d if d.is_file() else d / "vocab.txt"
+        if path.is_file():
+            backend = BertWordPieceTokenizer(str(path), lowercase=lowercase)
+            case = "uncased" if lowercase else "cased"
+            specials = {
+                "pad_id": "[PAD]",
+                "cls_id": "[CLS]",
+                "sep_id": "[SEP]",
+                "mask_id": "[MASK]",
+                "unk_id": "[UNK]",
+            }
+            return HFTokenizer(backend, f"wordpiece-{case}-{_fingerprint([path])}", specials)
+    looked = "\n  ".join(str(d) for d in dirs)
+    raise FileNotFoundError(
+        "WordPiece vocab.txt not found (nothing is downloaded at run time). Looked in:\n  "
+        f"{looked}\nDownload vocab.txt of the Hugging Face model 'google-bert/{local_name}' into "
+        f"{Path(cache_root) / 'tokenizers' / local_name}/ (or set data.tokenizer_path)."
+    )
+
+
+def build_tokenizer(cfg: dict, cache_root: Path) -> Tokenizer:
+    """The tokenizer named by cfg['tokenizer'] (byte | gpt2 | wordpiece)."""
+    kind = cfg.get("tokenizer", "byte")
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "gpt2":
+        return load_gpt2(cfg.get("tokenizer_path"), cache_root)
+    if kind == "wordpiece":
+        return load_wordpiece(
+            cfg.get("tokenizer_path"),
+            cache_root,
+            cfg.get("tokenizer_name", "bert-base-uncased"),
+            bool(cfg.get("lowercase", True)),
+        )
+    raise ValueError(f"unknown tokenizer '{kind}'; allowed: {', '.join(TOKENIZER_KINDS)}")
