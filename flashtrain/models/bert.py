@@ -1,0 +1,163 @@
+"""BERT (Devlin et al. 2019) on the project's attention.
+
+As the original: post-LayerNorm blocks, GELU (erf), learned positions plus token-type embeddings,
+an embedding LayerNorm, dropout 0.1 (attention dropout inside the kernel), N(0, 0.02) init.
+
+    head="mlm"             masked-LM head (dense + GELU + LayerNorm, decoder tied to the word
+                           embeddings, own bias), run on the masked tokens only
+    head="classification"  pooler (tanh dense on [CLS]) + dropout + linear, for long-document
+                           classification
+
+    bert-base   n_layer=12, n_head=12, d_model=768,  d_ff=3072   109,514,298 parameters (mlm head)
+    bert-large  n_layer=24, n_head=16, d_model=1024, d_ff=4096   335,174,458
+
+Padded batches (attention_mask, 1 = real token): with attention=flash the real tokens are packed
+once (unpad_input), every block runs on them through the varlen kernel, and pad_input puts them back,
+so no compute and no attention touches padding; sdpa / reference use a key-padding mask. Outputs are
+zero at padded positions in every case, so changing a padded token changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from flashtrain.models.attention_impl import AttentionConfig, AttentionOp
+from flashtrain.models.loss import classification_loss, token_loss
+from flashtrain.models.transformer import (
+    Block,
+    ModelOutput,
+    TransformerConfig,
+    TransformerModel,
+    check_seq_len,
+    normal_init_,
+)
+
+BERT_HEADS = ("mlm", "classification")
+
+
+@dataclass
+class BertConfig(TransformerConfig):
+    n_layer: int = 12
+    n_head: int = 12
+    d_model: int = 768
+    d_ff: int | None = 3072
+    max_seq_len: int = 512
+    vocab_size: int = 30522
+    type_vocab_size: int = 2
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    activation: str = "gelu"
+    head: str = "mlm"  # mlm | classification
+    num_classes: int | None = None  # classification head only
+    pad_vocab_multiple: int = 1
+    loss_chunk_size: int = 2048
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.head not in BERT_HEADS:
+            raise ValueError(f"model.head={self.head!r}; allowed: {', '.join(BERT_HEADS)}")
+        if self.head == "classification" and (self.num_classes is None or self.num_classes < 2):
+            raise ValueError(
+                f"model.head=classification needs model.num_classes >= 2, got {self.num_classes!r}"
+            )
+        if self.type_vocab_size < 1 or self.pad_vocab_multiple < 1:
+            raise ValueError("model.type_vocab_size and model.pad_vocab_multiple must be >= 1")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.pad_vocab_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+
+class Bert(TransformerModel):
+    """forward(input_ids, labels, attention_mask=None, token_type_ids=None) -> ModelOutput."""
+
+    causal = False
+    position_tables = {"position_embeddings.weight": "1d"}
+
+    def __init__(self, config: BertConfig, attention: AttentionConfig | dict | str = "flash"):
+        super().__init__()
+        self.config = config
+        self.attn_op = AttentionOp(AttentionConfig.from_any(attention))
+        config.check_attention(self.attn_op)
+        c = config.d_model
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, c)
+        self.position_embeddings = nn.Embedding(config.max_seq_len, c)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, c)
+        self.emb_ln = nn.LayerNorm(c, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            [Block(config, self.attn_op, norm="post") for _ in range(config.n_layer)]
+        )
+        if config.head == "mlm":
+            self.mlm_dense = nn.Linear(c, c)
+            self.mlm_act = nn.GELU()
+            self.mlm_ln = nn.LayerNorm(c, eps=config.layer_norm_eps)
+            self.mlm_bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
+        else:
+            self.pooler = nn.Linear(c, c)
+            self.cls_drop = nn.Dropout(config.dropout)
+            self.classifier = nn.Linear(c, config.num_classes)
+        self._finish_init()
+
+    def init_weights(self) -> None:
+        normal_init_(self, std=0.02)
+        if self.config.head == "mlm":
+            nn.init.zeros_(self.mlm_bias)
+
+    def _lookup_parameters(self) -> int:
+        return self.position_embeddings.weight.numel() + self.token_type_embeddings.weight.numel()
+
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids (B, T) -> hidden states (B, T, C), zero at padded positions."""
+        batch, seqlen = input_ids.shape
+        check_seq_len(seqlen, self.config.max_seq_len)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        pos = torch.arange(seqlen, device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(pos)  # (B, T, C)
+        x = x + self.token_type_embeddings(token_type_ids)
+        x = self.drop(self.emb_ln(x))
+        # flash: the real tokens packed as (N, C); otherwise (B, T, C) with a key-padding mask
+        x, ctx, restore = self.pack_padded(x, attention_mask, dict(causal=False))
+        x = self.run_blocks(x, ctx)
+        return restore(x)  # (B, T, C)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """mlm: labels (B, T), -100 = not predicted. classification: labels (B,)."""
+        h = self.encode(input_ids, attention_mask, token_type_ids)  # (B, T, C)
+        cfg = self.config
+        if cfg.head == "classification":
+            pooled = torch.tanh(self.pooler(h[:, 0]))  # (B, C), the [CLS] token
+            logits = self.classifier(self.cls_drop(pooled))  # (B, num_classes)
+            loss, num, hits = classification_loss(logits, labels)
+            return ModelOutput(loss=loss, num_targets=num, correct=hits, logits=logits)
+        if labels.shape != input_ids.shape:
+            raise ValueError(
+                f"mlm labels {tuple(labels.shape)} must have the shape of input_ids "
+                f"{tuple(input_ids.shape)}"
+            )
+        keep = labels.reshape(-1) != -100
+        h = h.reshape(-1, cfg.d_model)[keep]  # (N, C): the masked tokens only
+        h = self.mlm_ln(self.mlm_act(self.mlm_dense(h)))
+        weight = self.word_embeddings.weight[: cfg.vocab_size]  # tied decoder (V, C)
+        bias = self.mlm_bias[: cfg.vocab_size]
+        loss, num, hits = token_loss(
+            h, labels.reshape(-1)[keep], weight, bias, chunk_size=cfg.loss_chunk_size
+        )
+        return ModelOutput(loss=loss, num_targets=num, correct=hits)

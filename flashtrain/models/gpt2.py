@@ -1,0 +1,146 @@
+"""GPT-2 (Radford et al. 2019) on the project's attention.
+
+Shapes exactly as the original: pre-LayerNorm blocks, GELU (tanh), biases everywhere, learned
+positions, the output head tied to the token embedding, vocab 50257.
+
+    gpt2         n_layer=12, n_head=12, d_model=768     124,439,808 parameters at 1024 positions
+    gpt2-medium  n_layer=24, n_head=16, d_model=1024    354,823,168
+    gpt2-large   n_layer=36, n_head=20, d_model=1280    774,030,080
+    gpt2-xl      n_layer=48, n_head=25, d_model=1600  1,557,611,200
+
+Long context: the positional table has max_seq_len rows (configs: ${seq_len}, 16K and 64K work);
+load_state_dict_extended / model.init_from bring a shorter-context checkpoint's positions along by
+interpolation or copying. position="rotary" drops the table for rotary embeddings on q and k.
+The loss never materialises (tokens, vocab) logits in float32 at once (see loss.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from flashtrain.models.attention_impl import AttentionConfig, AttentionContext, AttentionOp
+from flashtrain.models.loss import token_loss
+from flashtrain.models.transformer import (
+    Block,
+    ModelOutput,
+    TransformerConfig,
+    TransformerModel,
+    check_seq_len,
+    normal_init_,
+    rotary_tables,
+)
+
+GPT2_POSITIONS = ("learned", "rotary")
+
+
+@dataclass
+class GPT2Config(TransformerConfig):
+    n_layer: int = 12
+    n_head: int = 12
+    d_model: int = 768
+    max_seq_len: int = 1024
+    vocab_size: int = 50257
+    pad_vocab_multiple: int = 1  # e.g. 64: embedding rows rounded up (faster matmuls)
+    position: str = "learned"  # learned | rotary
+    rotary_base: float = 10000.0
+    dropout: float = 0.0  # the original used 0.1; long-context pre-training runs use 0
+    attn_dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    activation: str = "gelu_tanh"
+    loss_chunk_size: int = 2048  # tokens per chunk of the output head + cross-entropy
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.position not in GPT2_POSITIONS:
+            raise ValueError(
+                f"model.position={self.position!r}; allowed: {', '.join(GPT2_POSITIONS)}"
+            )
+        if self.pad_vocab_multiple < 1:
+            raise ValueError(
+                f"model.pad_vocab_multiple must be >= 1, got {self.pad_vocab_multiple}"
+            )
+        if self.position == "rotary" and self.head_dim % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.pad_vocab_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+
+class GPT2(TransformerModel):
+    """Causal language model. forward(input_ids, labels) -> ModelOutput."""
+
+    causal = True
+
+    def __init__(self, config: GPT2Config, attention: AttentionConfig | dict | str = "flash"):
+        super().__init__()
+        self.config = config
+        self.attn_op = AttentionOp(AttentionConfig.from_any(attention))
+        config.check_attention(self.attn_op)
+        self.wte = nn.Embedding(config.padded_vocab_size, config.d_model)
+        if config.position == "learned":
+            self.wpe = nn.Embedding(config.max_seq_len, config.d_model)
+            self.position_tables = {"wpe.weight": "1d"}
+        else:
+            self.wpe = None
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            [Block(config, self.attn_op, norm="pre") for _ in range(config.n_layer)]
+        )
+        self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        # The output head is self.wte.weight (tied), so it is counted and stored once.
+        self._finish_init()
+
+    def init_weights(self) -> None:
+        """GPT-2: N(0, 0.02), zero biases; residual projections N(0, 0.02 / sqrt(2 * n_layer))."""
+        normal_init_(self, std=0.02)
+        std_resid = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=std_resid)
+            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=std_resid)
+
+    def _lookup_parameters(self) -> int:
+        return 0 if self.wpe is None else self.wpe.weight.numel()
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids (B, T) -> final hidden states (B, T, C) after ln_f."""
+        batch, seqlen = input_ids.shape
+        cfg = self.config
+        x = self.wte(input_ids)  # (B, T, C)
+        rotary = None
+        if self.wpe is not None:
+            check_seq_len(seqlen, cfg.max_seq_len)
+            pos = torch.arange(seqlen, device=input_ids.device)
+            x = x + self.wpe(pos)  # (B, T, C) + (T, C)
+        else:
+            pos = torch.arange(seqlen, device=input_ids.device)
+            cos, sin = rotary_tables(pos, cfg.head_dim, cfg.rotary_base)  # (T, D/2)
+            rotary = (cos[None, :, None, :], sin[None, :, None, :])  # (1, T, 1, D/2)
+        x = self.drop(x)
+        x = self.run_blocks(x, AttentionContext(causal=self.causal, rotary=rotary))  # (B, T, C)
+        return self.ln_f(x)
+
+    def output_weight(self) -> torch.Tensor:
+        """The head's (vocab_size, C) weight: the token embedding without vocab padding rows."""
+        return self.wte.weight[: self.config.vocab_size]
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> ModelOutput:
+        """input_ids (B, T) int64; labels (B, T) int64, the next tokens, -100 = ignore."""
+        if labels.shape != input_ids.shape:
+            raise ValueError(
+                f"labels {tuple(labels.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
+            )
+        h = self.hidden_states(input_ids)  # (B, T, C)
+        loss, num, _ = token_loss(
+            h, labels, self.output_weight(), chunk_size=self.config.loss_chunk_size
+        )
+        return ModelOutput(loss=loss, num_targets=num)
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Full (B, T, vocab_size) logits, for inspection and sampling (materialises them)."""
+        return self.hidden_states(input_ids) @ self.output_weight().t()
