@@ -1,5 +1,8 @@
 """Memory-linear attention in plain PyTorch: the CPU path when the Triton interpreter is off.
 
+Calls that ATen's fused CPU flash kernel covers exactly go there (flashtrain.attention.cpu_flash);
+everything else (dropout, windows, block masks, causal with seqlen_q != seqlen_k) runs here.
+
 The same algorithm as the kernels, at the granularity of query chunks: the forward keeps only
 the output and the log-sum-exp; the backward recomputes each chunk's probabilities from them.
 Peak extra memory is one (B, H, chunk, Sk) score block, never (Sq, Sk) for all queries at once.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from flashtrain.attention import cpu_flash
 from flashtrain.attention.reference import allowed_mask
 
 # Query rows per chunk: a (B, H, CHUNK, Sk) float32 block is the largest temporary.
@@ -69,6 +73,8 @@ def attention_forward(
 
     block_mask: optional bool (Hm, nq, nk) at block_size tokens, Hm in {1, Hq}: True = computed.
     """
+    if cpu_flash.eligible(q, k, window=window, dropout_p=dropout_p, block_mask=block_mask):
+        return cpu_flash.forward(q, k, v, scale=scale, window=window)
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     qg, kf, vf = _prepare(q, k, v)
     out = torch.empty_like(qg)
@@ -104,6 +110,8 @@ def attention_backward(
     block_size=0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) by recomputing each chunk's probabilities from lse."""
+    if cpu_flash.eligible(q, k, window=window, dropout_p=dropout_p, block_mask=block_mask):
+        return cpu_flash.backward(dout, q, k, v, out, lse, scale=scale, window=window)
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     heads_kv = k.shape[2]
     qg, kf, vf = _prepare(q, k, v)
