@@ -67,8 +67,8 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
         row_ok = offs_m < seqlen_q
         qt_mask = (offs_d[:, None] < HEAD_DIM) & row_ok[None, :]  # (BLOCK_D, BLOCK_M)
         q_t = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=qt_mask, other=0.0)
-        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :],
-                     mask=tl.trans(qt_mask), other=0.0)  # (BLOCK_M, BLOCK_D)
+        do_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)  # (BLOCK_M, BLOCK_D)
+        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=do_mask, other=0.0)
         # Out-of-range rows and rows that saw no key get lse = +inf: their P is exactly 0.
         lse = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf"))
         lse = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
