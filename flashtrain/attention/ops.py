@@ -64,8 +64,11 @@ def attention_forward(
     opts = dict(scale=softmax_scale, window=(window_left, window_right), dropout_p=dropout_p,
                 block_mask=block_mask, block_size=block_size)
     if not packed:
+        # Copy into the buffers the fake impl promises: compiled graphs assert their strides.
         o, lse_dense = torch_path.attention_forward(q, k, v, seed=seed, **opts)
-        return o, lse_dense, torch.tensor([seed], dtype=torch.int64)
+        out.copy_(o)
+        lse.copy_(lse_dense)
+        return out, lse, torch.tensor([seed], dtype=torch.int64)
     for i, rq, rk in _per_sequence(cu_seqlens_q, cu_seqlens_k):
         o_i, lse_i = torch_path.attention_forward(q[None, rq], k[None, rk], v[None, rk],
                                                   seed=seed + i, **opts)
@@ -108,7 +111,9 @@ def attention_backward(
     opts = dict(scale=softmax_scale, window=(window_left, window_right), dropout_p=dropout_p,
                 block_mask=block_mask, block_size=block_size)
     if not packed:
-        return torch_path.attention_backward(dout, q, k, v, out, lse, seed=seed_value, **opts)
+        grads = torch_path.attention_backward(dout, q, k, v, out, lse, seed=seed_value, **opts)
+        # Same strides as the fake impl (empty_like of each input).
+        return tuple(torch.empty_like(x).copy_(g) for x, g in zip((q, k, v), grads))
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for i, rq, rk in _per_sequence(cu_seqlens_q, cu_seqlens_k):
         g = torch_path.attention_backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk],

@@ -1,27 +1,12 @@
-"""Reading data configs: OmegaConf DictConfig or plain dict in, a plain resolved dict out."""
+"""Data config helpers: the cache directory, required keys, vocab sizes."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 DEFAULT_CACHE_ROOT = "data_cache"  # relative to the working directory; FLASHTRAIN_DATA overrides
-
-
-def to_plain_dict(data_cfg: Any) -> dict:
-    """A resolved plain dict from a DictConfig (interpolations resolved against its root) or a
-    dict (interpolations such as ${oc.env:...} resolved too)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(data_cfg, DictConfig):
-        return OmegaConf.to_container(data_cfg, resolve=True)
-    if isinstance(data_cfg, Mapping):
-        return OmegaConf.to_container(OmegaConf.create(dict(data_cfg)), resolve=True)
-    raise TypeError(
-        f"data_cfg must be an OmegaConf DictConfig or a dict, got {type(data_cfg).__name__}"
-    )
 
 
 def cache_root(cfg: dict) -> Path:

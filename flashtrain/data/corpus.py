@@ -95,10 +95,16 @@ def load_split(cfg: dict, split: str, *, streaming: bool = False):
             streaming=streaming,
             cache_dir=_hf_cache(cfg),
         )
-    raise ValueError(
-        f"data config '{cfg.get('name')}' names no source: set data_files (local .txt/.jsonl/"
-        ".parquet/.csv files) or hub_name (a Hugging Face dataset)"
-    )
+    require_source(cfg)
+
+
+def require_source(cfg: dict) -> None:
+    """Checked before any tokenizer or cache work, so a missing source is the first error named."""
+    if not cfg.get("data_files") and not cfg.get("hub_name"):
+        raise ValueError(
+            f"data config '{cfg.get('name')}' names no source: set data_files (local .txt/.jsonl/"
+            ".parquet/.csv files) or hub_name (a Hugging Face dataset)"
+        )
 
 
 def train_val_splits(cfg: dict):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flashtrain.data.config import cache_root, to_plain_dict
+from flashtrain.config_dict import to_plain_dict
+from flashtrain.data.config import cache_root
+from flashtrain.data.corpus import require_source
 from flashtrain.data.module import DataModule
 
 # loader -> what it builds; the config's `loader` key picks one, else its `name` does.
@@ -71,12 +73,14 @@ def build_data(
 ) -> DataModule:
     """The DataModule for a data config (OmegaConf DictConfig or plain dict); see
     docs/interfaces.md for the batches of each task."""
-    cfg = to_plain_dict(data_cfg)
+    cfg = to_plain_dict(data_cfg, what="data config")
     if seq_len < 1 or micro_batch_size < 1:
         raise ValueError(
             f"seq_len and micro_batch_size must be >= 1, got {seq_len}, {micro_batch_size}"
         )
     loader = loader_of(cfg)
+    if loader in ("lm_corpus", "mlm"):
+        require_source(cfg)
     module = _module_class(loader, cfg)(
         cfg,
         seq_len=seq_len,
@@ -91,7 +95,7 @@ def build_data(
 def prepare_data(data_cfg: Any, *, progress: bool = True) -> dict:
     """Do the one-off work of a data config (tokenize into caches, generate Pathfinder images)
     and return what was made: {split: token / example / image counts, "cache": where}."""
-    cfg = to_plain_dict(data_cfg)
+    cfg = to_plain_dict(data_cfg, what="data config")
     loader = loader_of(cfg)
     if loader == "synthetic":
         return {"note": "synthetic data is generated on the fly; nothing to prepare"}
@@ -103,6 +107,7 @@ def prepare_data(data_cfg: Any, *, progress: bool = True) -> dict:
         from flashtrain.data.corpus import open_corpus
         from flashtrain.data.tokenization import build_tokenizer
 
+        require_source(cfg)
         if loader == "mlm":
             cfg = {"tokenizer": "wordpiece", **cfg, "eos_policy": "none"}
         tokenizer = build_tokenizer(cfg, cache_root(cfg))

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from torch import nn
 
+from flashtrain.config_dict import to_plain_dict
 from flashtrain.models.attention_impl import (
     ATTENTION_IMPLS,
     BLOCKSPARSE_PATTERNS,
     AttentionConfig,
     AttentionContext,
     AttentionOp,
-    to_plain_dict,
 )
 from flashtrain.models.bert import Bert, BertConfig
 from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier

@@ -14,12 +14,10 @@ attention probabilities is the op's `dropout_p` (fused inside our kernels).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from flashtrain.attention import (
@@ -32,6 +30,7 @@ from flashtrain.attention import (
 )
 from flashtrain.attention.reference import attention_reference
 from flashtrain.attention.validation import MAX_HEAD_DIM
+from flashtrain.config_dict import to_plain_dict
 
 ATTENTION_IMPLS = ("flash", "blocksparse", "sdpa", "reference")
 BLOCKSPARSE_PATTERNS = ("butterfly", "local", "global_local", "bigbird", "strided")
@@ -83,17 +82,6 @@ class AttentionConfig:
                 f"unknown attention config key(s) {unknown}; allowed: {', '.join(allowed)}"
             )
         return cls(**d)
-
-
-def to_plain_dict(cfg, *, what: str) -> dict:
-    """OmegaConf DictConfig or Mapping -> plain dict with interpolations resolved."""
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    if cfg is None:
-        return {}
-    if not isinstance(cfg, Mapping):
-        raise ValueError(f"{what} must be a mapping (dict or DictConfig), got {type(cfg).__name__}")
-    return dict(cfg)
 
 
 @dataclass

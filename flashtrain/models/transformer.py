@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from flashtrain.config_dict import to_plain_dict
 from flashtrain.models.attention_impl import (
     KERNEL_MAX_HEAD_DIM,
     AttentionContext,
     AttentionOp,
-    to_plain_dict,
 )
 
 RECOMPUTE_MODES = ("none", "all", "every_k")

@@ -78,7 +78,9 @@ def test_text_files_and_pathfinder_configs_build_offline(tmp_path, monkeypatch):
     assert next(module.train_batches())["input_ids"].dtype == torch.int64
 
 
-def test_missing_mandatory_data_files_is_reported():
-    root = compose("text_files", 32)
-    with pytest.raises(Exception, match="data_files"):
+@pytest.mark.parametrize("name", ["text_files", "long_doc", "bert_mlm"])
+def test_missing_mandatory_data_files_is_reported(name):
+    """`???` (or null) data_files is a ValueError naming the key, never a file called '???'."""
+    root = compose(name, 32)
+    with pytest.raises(ValueError, match="data_files"):
         build_data(root.data, seq_len=32, micro_batch_size=2, seed=0)

@@ -1,0 +1,176 @@
+"""torch.distributed setup: process group from torchrun's environment, DDP and FSDP2 wrapping.
+
+torchrun (or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) starts
+one process per device; `setup_distributed` joins them with NCCL on GPUs and gloo on CPUs. Without
+those variables the run is a single process and nothing is initialised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from flashtrain.train.config import ConfigError
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 or dist.is_initialized()
+
+
+def resolve_device(spec: str, local_rank: int) -> torch.device:
+    spec = str(spec)
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("trainer.device=cuda but no CUDA device is visible")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    try:
+        device = torch.device(spec)
+    except RuntimeError as e:
+        raise ConfigError(f"trainer.device={spec!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={spec} but no CUDA device is visible")
+    return device
+
+
+def setup_distributed(
+    device_spec: str = "auto", timeout_s: int = 1800, *, need_group: bool = False
+) -> DistEnv:
+    """Initialise the process group when launched by torchrun; pick this process's device.
+
+    need_group=True makes a one-process group when there is no launcher (FSDP2 needs a mesh).
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_spec, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout_s)}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(backend=backend, **kwargs)
+    elif need_group and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    if dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def teardown_distributed(barrier: bool = False) -> None:
+    """Leave the process group; barrier=True first waits for every rank (a clean finish), so
+    no rank tears its connections down while a peer still uses them."""
+    if dist.is_initialized():
+        if barrier:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank src's `obj` on every rank (a no-op without a process group)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """[obj of rank 0, obj of rank 1, ...] on every rank."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def resolve_strategy(strategy: str, world_size: int) -> str:
+    if strategy == "auto":
+        return "ddp" if world_size > 1 else "single"
+    if strategy == "single" and world_size > 1:
+        raise ConfigError(
+            f"trainer.strategy=single with {world_size} processes; use ddp or fsdp under torchrun"
+        )
+    return strategy
+
+
+def wrap_model(
+    model: nn.Module,
+    strategy: str,
+    env: DistEnv,
+    *,
+    precision: str,
+    trainer_cfg: Any,
+) -> nn.Module:
+    """DDP, or FSDP2 `fully_shard` on every block of model.blocks and then on the root."""
+    if strategy == "single":
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if not dist.is_initialized():
+            return model  # one process: DDP adds nothing
+        d = trainer_cfg.ddp
+        return DDP(
+            model,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            bucket_cap_mb=d.bucket_cap_mb,
+            find_unused_parameters=d.find_unused_parameters,
+            gradient_as_bucket_view=d.gradient_as_bucket_view,
+            static_graph=d.static_graph,
+        )
+    if strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if not hasattr(model, "blocks"):
+            raise ConfigError("trainer.strategy=fsdp needs a model with .blocks to shard")
+        f = trainer_cfg.fsdp
+        param_dtype = precision if f.param_dtype == "auto" else f.param_dtype
+        mp = MixedPrecisionPolicy(
+            param_dtype=_DTYPES[param_dtype], reduce_dtype=_DTYPES[f.reduce_dtype]
+        )
+        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        blocks = list(model.blocks)
+        for i, block in enumerate(blocks):
+            # The last block's parameters are needed again at once by backward: keep them.
+            reshard = f.reshard_after_forward and i < len(blocks) - 1
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=f.reshard_after_forward)
+        return model
+    raise ConfigError(f"unknown trainer.strategy {strategy!r}; use auto, single, ddp or fsdp")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module under DDP (FSDP2 shards in place, so it is the module itself)."""
+    return model.module if hasattr(model, "module") and hasattr(model, "no_sync") else model

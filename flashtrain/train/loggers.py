@@ -1,0 +1,155 @@
+"""Metric sinks, used on rank 0 only: a JSON-lines file in the run directory and wandb.
+
+`logger=wandb` runs the real wandb library: offline by default (nothing needs a login or the
+network; `wandb sync <run>/wandb/offline-run-*` uploads later), `logger.mode=online|disabled`, and
+the WANDB_MODE environment variable, when set, is the default mode. `logger=none` keeps only the
+JSON-lines file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("flashtrain")
+
+
+class MetricSink:
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass
+
+
+class JsonlSink(MetricSink):
+    """One JSON object per line: {"step": N, "loss": ..., ...}; appended, flushed each time."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        row = {"step": int(step)}
+        for k, v in metrics.items():
+            row[k] = None if isinstance(v, float) and not math.isfinite(v) else v
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def finish(self) -> None:
+        self._file.close()
+
+
+class WandbSink(MetricSink):
+    def __init__(
+        self,
+        logger_cfg: Any,
+        *,
+        run_dir: Path,
+        run_name: str,
+        config: dict,
+        resume_id: str | None = None,
+    ):
+        import wandb
+
+        mode = logger_cfg.mode or os.environ.get("WANDB_MODE") or "offline"
+        wandb_dir = Path(logger_cfg.dir) if logger_cfg.dir else run_dir
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            project=logger_cfg.project,
+            entity=logger_cfg.entity,
+            name=logger_cfg.run_name or run_name,
+            group=logger_cfg.group,
+            tags=list(logger_cfg.tags) or None,
+            notes=logger_cfg.notes,
+            dir=str(wandb_dir),
+            mode=mode,
+            config=config,
+            id=resume_id,
+            resume="allow" if resume_id else None,
+            settings=wandb.Settings(console="off", quiet=True, x_disable_stats=True),
+        )
+        self.id = getattr(self.run, "id", None)
+        self.dir = getattr(self.run, "dir", None)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=int(step))
+
+    def set_summary(self, key: str, value: Any) -> None:
+        self.run.summary[key] = value
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class Loggers(MetricSink):
+    """All sinks of this process (none on ranks other than 0)."""
+
+    def __init__(self, sinks: list[MetricSink] | None = None):
+        self.sinks = sinks or []
+
+    @property
+    def wandb(self) -> WandbSink | None:
+        return next((s for s in self.sinks if isinstance(s, WandbSink)), None)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for s in self.sinks:
+            s.log(metrics, step)
+
+    def finish(self) -> None:
+        for s in self.sinks:
+            try:
+                s.finish()
+            except Exception as e:  # noqa: BLE001 - a logger must not hide the run's own outcome
+                log.warning("closing %s failed: %s", type(s).__name__, e)
+        self.sinks = []
+
+
+def build_loggers(
+    cfg: Any,
+    *,
+    run_dir: Path,
+    run_name: str,
+    config: dict,
+    is_main: bool,
+    resume_id: str | None = None,
+) -> Loggers:
+    if not is_main:
+        return Loggers()
+    sinks: list[MetricSink] = []
+    if cfg.trainer.metrics_file:
+        sinks.append(JsonlSink(run_dir / cfg.trainer.metrics_file))
+    if cfg.logger.name == "wandb":
+        sinks.append(
+            WandbSink(
+                cfg.logger, run_dir=run_dir, run_name=run_name, config=config, resume_id=resume_id
+            )
+        )
+    return Loggers(sinks)
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
+    """The commit of the code being run (with `-dirty` when the tree has changes), or None."""
+    where = cwd or Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5
+        )
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -1,0 +1,244 @@
+"""Throughput, model FLOPs utilisation (MFU) and memory metrics.
+
+MFU = (training FLOPs per token, from model.estimate_flops_per_token) x (tokens per second per
+device) / (the device's peak FLOP/s). The peak comes from `trainer.peak_flops` when set, else from
+the table below (dense tensor-core numbers from the vendors' data sheets, no sparsity), else, on a
+CPU, from an estimate: threads x clock x FLOPs per cycle of the widest FMA units in /proc/cpuinfo.
+
+Metric names follow torchtitan: `loss`, `lr`, `grad_norm`, `tokens_per_s`, `mfu` (percent),
+`step_time_s`, `memory/max_reserved_gib` (CUDA; `memory/max_rss_gib` on CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+# (substring of torch.cuda.get_device_name(), peak bf16/fp16 FLOP/s, peak TF32 FLOP/s).
+# First match wins, so more specific names come first.
+GPU_PEAK_FLOPS: list[tuple[str, float, float]] = [
+    ("GB200", 2.5e15, 1.25e15),
+    ("B200", 2.25e15, 1.1e15),
+    ("GH200", 989.4e12, 494.7e12),
+    ("H200", 989.4e12, 494.7e12),
+    ("H100 NVL", 835.5e12, 417.5e12),
+    ("H100 PCIe", 756.0e12, 378.0e12),
+    ("H100", 989.4e12, 494.7e12),  # SXM
+    ("H800", 989.4e12, 494.7e12),
+    ("A100", 312.0e12, 156.0e12),
+    ("A800", 312.0e12, 156.0e12),
+    ("L40S", 362.05e12, 183.0e12),
+    ("L4", 121.0e12, 60.0e12),
+    ("A6000", 154.8e12, 77.4e12),
+    ("A10", 125.0e12, 62.5e12),
+    ("RTX 4090", 165.2e12, 82.6e12),
+    ("RTX 3090", 71.0e12, 35.6e12),
+    ("V100", 125.0e12, 15.7e12),  # fp16 tensor cores; no TF32
+    ("T4", 65.0e12, 8.1e12),
+    ("MI300X", 1307.4e12, 653.7e12),
+    ("MI250X", 383.0e12, 95.7e12),
+]
+
+
+@dataclass(frozen=True)
+class PeakFlops:
+    flops: float | None  # FLOP/s, None when unknown
+    source: str  # "configured", "table: H100", "estimated: ...", "unknown"
+
+
+def lookup_gpu_peak(device_name: str, precision: str) -> float | None:
+    for pattern, half, tf32 in GPU_PEAK_FLOPS:
+        if pattern.lower() in device_name.lower():
+            return half if precision in ("bf16", "fp16") else tf32
+    return None
+
+
+def cpu_flops_per_cycle(flags: set[str]) -> int:
+    """fp32 FLOPs per cycle per core: 2 FMA units x lanes x 2 (multiply and add)."""
+    if "avx512f" in flags:
+        return 64
+    if "avx2" in flags and "fma" in flags:
+        return 32
+    if "avx" in flags:
+        return 16
+    return 8
+
+
+def _cpuinfo() -> tuple[set[str], float | None]:
+    flags: set[str] = set()
+    mhz: float | None = None
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as f:
+            mhz = int(f.read().strip()) / 1000.0
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return flags, mhz
+    m = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    if m:
+        flags = set(m.group(1).split())
+    if mhz is None:
+        m = re.search(r"^cpu MHz\s*:\s*([\d.]+)", text, re.M)
+        if m:
+            mhz = float(m.group(1))
+        else:
+            m = re.search(r"^bogomips\s*:\s*([\d.]+)", text, re.M | re.I)
+            if m:
+                mhz = float(m.group(1)) / 2
+    return flags, mhz
+
+
+def estimate_cpu_peak_flops(threads: int | None = None) -> PeakFlops:
+    flags, mhz = _cpuinfo()
+    if mhz is None:
+        return PeakFlops(None, "unknown")
+    threads = threads or torch.get_num_threads()
+    per_cycle = cpu_flops_per_cycle(flags)
+    peak = threads * mhz * 1e6 * per_cycle
+    return PeakFlops(peak, f"estimated: {threads} threads x {mhz / 1000:.2f} GHz x {per_cycle}")
+
+
+def device_peak_flops(
+    device: torch.device,
+    precision: str,
+    configured: float | None = None,
+    measured: float | None = None,
+) -> PeakFlops:
+    """The peak FLOP/s used for MFU on `device` at `precision` (fp32 | bf16 | fp16).
+
+    measured: a CPU's measured matmul FLOP/s; used when the cpuinfo estimate is lower (virtual
+    machines report base clocks, and turbo clocks are higher), so MFU never exceeds 100%.
+    """
+    if configured:
+        return PeakFlops(float(configured), "configured")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = lookup_gpu_peak(name, precision)
+        if peak is None:
+            return PeakFlops(None, f"unknown GPU {name!r}; set trainer.peak_flops")
+        return PeakFlops(peak, f"table: {name}")
+    if device.type == "cpu":
+        est = estimate_cpu_peak_flops()
+        if measured and (est.flops is None or measured > est.flops):
+            return PeakFlops(measured, "measured: fp32 matmul")
+        return est
+    return PeakFlops(None, "unknown")
+
+
+def measure_matmul_flops(
+    device: torch.device, size: int = 512, repeats: int = 4, trials: int = 3
+) -> float:
+    """FLOP/s this device reaches on a float32 matmul (best of a few short trials): a sustained-
+    speed yardstick for the CPU time estimate, not the theoretical peak."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    a @ b  # warm up
+    best = float("inf")
+    for _ in range(trials):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 * repeats / max(best, 1e-9)
+
+
+def mfu_percent(flops_per_token: float, tokens_per_s_per_device: float, peak: float | None):
+    if not peak or not flops_per_token:
+        return None
+    return 100.0 * flops_per_token * tokens_per_s_per_device / peak
+
+
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    gib = 1024**3
+    if device.type == "cuda":
+        return {
+            "memory/max_reserved_gib": torch.cuda.max_memory_reserved(device) / gib,
+            "memory/max_allocated_gib": torch.cuda.max_memory_allocated(device) / gib,
+        }
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    scale = 1 if sys.platform == "darwin" else 1024
+    return {"memory/max_rss_gib": rss * scale / gib}
+
+
+def peak_memory_gib(metrics: dict[str, float]) -> float | None:
+    for key in ("memory/max_reserved_gib", "memory/max_rss_gib"):
+        if key in metrics:
+            return metrics[key]
+    return None
+
+
+class Throughput:
+    """Accumulates step times and tokens between log intervals; the ETA comes from the recent
+    average step time."""
+
+    def __init__(self, flops_per_token: float, peak: PeakFlops, world_size: int):
+        self.flops_per_token = flops_per_token
+        self.peak = peak
+        self.world_size = world_size
+        self._time = 0.0
+        self._tokens = 0
+        self._steps = 0
+        self.avg_step_time: float | None = None
+
+    def add(self, step_time: float, tokens: int) -> None:
+        self._time += step_time
+        self._tokens += tokens
+        self._steps += 1
+
+    def flush(self) -> dict[str, float]:
+        """Metrics for the steps since the last flush (global tokens/s, per-device MFU)."""
+        if self._steps == 0:
+            return {}
+        step_time = self._time / self._steps
+        tps = self._tokens / max(self._time, 1e-9)
+        per_device = tps / self.world_size
+        out = {
+            "tokens_per_s": tps,
+            "tokens_per_s_per_device": per_device,
+            "step_time_s": step_time,
+        }
+        mfu = mfu_percent(self.flops_per_token, per_device, self.peak.flops)
+        if mfu is not None:
+            out["mfu"] = mfu
+        self.avg_step_time = step_time
+        self._time, self._tokens, self._steps = 0.0, 0, 0
+        return out
+
+    def eta_seconds(self, remaining_steps: int) -> float | None:
+        if self.avg_step_time is None:
+            return None
+        return self.avg_step_time * max(0, remaining_steps)
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    if h >= 24:
+        d, h = divmod(h, 24)
+        return f"{d}d{h:02d}h{m:02d}m"
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def format_count(n: float) -> str:
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

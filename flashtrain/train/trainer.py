@@ -1,0 +1,722 @@
+"""The training loop: config -> factories -> (DDP | FSDP2) -> steps, evals, checkpoints, metrics.
+
+One optimizer step draws `grad_accum` micro-batches per rank. Each micro-batch's loss is weighted
+by its share of the step's targets over all ranks and micro-batches, so the update is the exact
+token-weighted mean gradient of the global batch, whatever the split over processes; a run on
+two processes therefore matches one process with the same global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import logging
+import math
+import os
+import random
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from flashtrain.train import checkpoint as ckpt
+from flashtrain.train.config import BatchPlan, ConfigError, batch_plan, validate_config
+from flashtrain.train.distributed import (
+    DistEnv,
+    all_reduce_sum,
+    broadcast_object,
+    gather_objects,
+    resolve_strategy,
+    setup_distributed,
+    teardown_distributed,
+    unwrap,
+    wrap_model,
+)
+from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
+from flashtrain.train.loggers import Loggers, build_loggers, git_commit
+from flashtrain.train.metrics import (
+    PeakFlops,
+    Throughput,
+    device_peak_flops,
+    format_count,
+    format_duration,
+    measure_matmul_flops,
+    memory_metrics,
+)
+from flashtrain.train.optim import build_optimizer, build_scheduler
+from flashtrain.train.progress import Progress
+
+log = logging.getLogger("flashtrain")
+
+# Fraction of a plain float32 matmul's speed a whole training step reaches on a CPU (for the
+# time-per-step estimate only; roughly 0.5 for small GPT-2s on a 2-core x86 machine).
+CPU_STEP_EFFICIENCY = 0.5
+
+EXIT_CONFIG = 2
+EXIT_NONFINITE = 3
+EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a terminated job
+
+
+def main(cfg: DictConfig) -> None:
+    """Entry point for train.py: run, and turn expected failures into a message and exit code."""
+    try:
+        run(cfg)
+    except (ConfigError, ckpt.CheckpointError, OmegaConfBaseException) as e:
+        _report_error(f"{type(e).__name__}: {e}")
+        raise SystemExit(EXIT_CONFIG) from None
+    except NonFiniteLossError as e:
+        _report_error(str(e))
+        raise SystemExit(EXIT_NONFINITE) from None
+    except Preempted as e:
+        log.warning("%s", e)
+        raise SystemExit(EXIT_PREEMPTED) from None
+
+
+def _report_error(msg: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        _ensure_logging()
+        log.error("%s", msg)
+
+
+def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Train as `cfg` says. Returns a summary: steps done, last losses, evals, checkpoint.
+
+    run_dir: where outputs go; default Hydra's run directory (under train.py) or
+    outputs/<date>/<time>. Under torchrun, rank 0's choice is used by every rank.
+    """
+    trainer = Trainer(cfg, run_dir=run_dir)
+    ok = False
+    try:
+        summary = trainer.fit()
+        ok = True
+        return summary
+    finally:
+        trainer.close(clean=ok)
+
+
+def _ensure_logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+        )
+    if log.getEffectiveLevel() > logging.INFO and os.environ.get("RANK", "0") == "0":
+        log.setLevel(logging.INFO)
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def count_targets(batch: dict[str, torch.Tensor]) -> int:
+    """Targets a batch contributes to the loss: labels other than -100."""
+    return int((batch["labels"] != -100).sum())
+
+
+def _default_run_dir() -> Path:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return Path(HydraConfig.get().runtime.output_dir)
+    except (ImportError, ValueError):
+        pass
+    now = datetime.datetime.now()
+    return Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
+
+
+def _hydra_choices() -> dict[str, str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            choices = HydraConfig.get().runtime.choices
+            return {k: str(v) for k, v in choices.items() if not k.startswith("hydra/")}
+    except (ImportError, ValueError):
+        pass
+    return {}
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, run_dir: str | os.PathLike | None = None):
+        _ensure_logging()
+        self.loggers = Loggers()
+        self.progress: Progress | None = None
+        self.cfg = cfg = validate_config(cfg)
+        t = cfg.trainer
+        self.env: DistEnv = setup_distributed(
+            t.device, t.dist_timeout_s, need_group=t.strategy == "fsdp"
+        )
+        try:
+            self._init(run_dir)
+        except BaseException:
+            self.close()
+            raise
+
+    def _init(self, run_dir: str | os.PathLike | None) -> None:
+        cfg, t, env = self.cfg, self.cfg.trainer, self.env
+        if not env.is_main:
+            log.setLevel(logging.WARNING)
+        self.strategy = resolve_strategy(t.strategy, env.world_size)
+        self.plan: BatchPlan = batch_plan(cfg, env.world_size)
+        self.precision = self._resolve_precision()
+
+        run_dir = Path(run_dir) if run_dir is not None else _default_run_dir()
+        self.run_dir = Path(broadcast_object(str(run_dir.absolute()) if env.is_main else None))
+        self.ckpt_root = Path(t.ckpt_dir) if t.ckpt_dir else self.run_dir / "checkpoints"
+        self.choices = broadcast_object(_hydra_choices() if env.is_main else None)
+        self.run_name = cfg.name or self._default_name()
+        self.step = 0
+        self.tokens_seen = 0
+        self.skipped_in_a_row = 0
+        self.last_ckpt: Path | None = None
+        self.wandb_id: str | None = None
+        self.history: list[tuple[int, float]] = []
+        self.eval_history: list[tuple[int, dict[str, float]]] = []
+        self.metrics_lr = float(cfg.optim.lr)
+        self._last_grad_norm = float("nan")
+        self._resume_rng: dict | None = None
+        self._setup()
+
+    # ------------------------------------------------------------------ setup
+
+    def _resolve_precision(self) -> str:
+        p = self.cfg.trainer.precision
+        device = self.env.device
+        if p == "auto":
+            p = "bf16" if device.type == "cuda" else "fp32"
+        if p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("this GPU has no bf16; use trainer.precision=fp16 (or fp32)")
+        if p == "fp16" and self.strategy == "fsdp":
+            raise ConfigError(
+                "trainer.precision=fp16 is not supported with FSDP2 here; use bf16 (or fp32)"
+            )
+        if p == "fp16" and device.type != "cuda":
+            raise ConfigError("trainer.precision=fp16 needs a CUDA device; use bf16 or fp32")
+        return p
+
+    def _default_name(self) -> str:
+        exp = self.choices.get("experiment")
+        if exp and exp != "None":
+            return exp.replace("/", "-")
+        model = self.choices.get("model") or self.cfg.model.get("arch", "model")
+        data = self.choices.get("data") or self.cfg.data.get("name", "data")
+        return f"{model}-{data}-{self.cfg.seq_len}"
+
+    def _setup(self) -> None:
+        cfg, env, t = self.cfg, self.env, self.cfg.trainer
+        from flashtrain.data import build_data
+        from flashtrain.models import build_model
+
+        if env.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        if t.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+
+        # Same seed on every rank: identical initial weights (FSDP2 shards them in place).
+        set_seed(cfg.seed)
+        model = build_model(cfg.model, cfg.attention)
+        self.num_params = int(model.num_parameters())
+        self.flops_per_token = float(model.estimate_flops_per_token(cfg.seq_len))
+        model.to(env.device)
+        if t.compile:
+            for block in model.blocks:
+                block.compile()
+        self.model = wrap_model(model, self.strategy, env, precision=self.precision, trainer_cfg=t)
+        self.raw_model = unwrap(self.model)
+        self.optimizer = build_optimizer(self.model, cfg.optim, env.device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.max_steps)
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        self.cpu_matmul_flops = (
+            measure_matmul_flops(env.device) if env.device.type == "cpu" else None
+        )
+        self.peak: PeakFlops = device_peak_flops(
+            env.device, self.precision, t.peak_flops, measured=self.cpu_matmul_flops
+        )
+        self.cpu_step_estimate = self._estimate_cpu_step_time()
+        self._print_summary()
+        self._check_cpu_time()
+        # The data last: preparing it can take long (tokenizing, generating Pathfinder images),
+        # which a run refused above should not wait for.
+        self.data = build_data(
+            cfg.data,
+            seq_len=cfg.seq_len,
+            micro_batch_size=cfg.micro_batch_size,
+            seed=cfg.seed,
+            rank=env.rank,
+            world_size=env.world_size,
+        )
+        model_vocab = cfg.model.get("vocab_size")
+        if isinstance(model_vocab, int) and self.data.vocab_size > model_vocab:
+            raise ConfigError(
+                f"data '{cfg.data.get('name')}' has {self.data.vocab_size} token ids but the "
+                f"model's embedding has {model_vocab} rows; set model.vocab_size >= "
+                f"{self.data.vocab_size} (it defaults to data.vocab_size)"
+            )
+
+    def _estimate_cpu_step_time(self) -> float | None:
+        if self.cpu_matmul_flops is None:
+            return None
+        flops = self.flops_per_token * self.plan.tokens_per_step / self.env.world_size
+        rate = self.cpu_matmul_flops * CPU_STEP_EFFICIENCY
+        return flops / max(rate, 1.0)
+
+    def _check_cpu_time(self) -> None:
+        t = self.cfg.trainer
+        est = self.cpu_step_estimate
+        if est is None or t.max_steps == 0 or t.allow_slow_cpu or est <= t.cpu_step_time_limit_s:
+            return
+        remaining = max(0, t.max_steps - self.step)
+        raise ConfigError(
+            f"this run would take about {format_duration(est)} per optimizer step on this CPU "
+            f"({format_count(self.flops_per_token * self.plan.tokens_per_step)}FLOP per step, "
+            f"{remaining} steps: about {format_duration(est * remaining)} in all). It is meant "
+            f"for a GPU. To run it here anyway, add trainer.allow_slow_cpu=true; for a size a "
+            f"CPU manages, use experiment=cpu/tiny (or model=gpt2-tiny seq_len=256); "
+            f"trainer.max_steps=0 only builds it."
+        )
+
+    def _print_summary(self) -> None:
+        if not self.env.is_main:
+            return
+        cfg, plan, env, t = self.cfg, self.plan, self.env, self.cfg.trainer
+        lines = ["resolved config:", OmegaConf.to_yaml(cfg).rstrip(), ""]
+        lines.append(f"run: {self.run_name}  dir: {self.run_dir}")
+        lines.append(
+            f"model: {cfg.model.get('arch', '?')}  attention: {cfg.attention.get('impl', '?')}"
+            f"  data: {cfg.data.get('name', '?')}  vocab: {cfg.model.get('vocab_size', '?')}"
+        )
+        lines.append(f"params: {self.num_params}")
+        lines.append(f"flops/token: {format_count(self.flops_per_token)} at seq_len {cfg.seq_len}")
+        lines.append(
+            f"batch: {plan.global_batch_size} seqs x {plan.seq_len} = "
+            f"{format_count(plan.tokens_per_step)} tokens/step = micro {plan.micro_batch_size} x "
+            f"{plan.world_size} ranks x {plan.grad_accum} accumulation"
+        )
+        threads = f" (threads: {torch.get_num_threads()})" if env.device.type == "cpu" else ""
+        lines.append(
+            f"device: {env.device}{threads}  strategy: {self.strategy}  precision: "
+            f"{self.precision}  world: {env.world_size}"
+        )
+        peak = f"{format_count(self.peak.flops)}FLOP/s" if self.peak.flops else "unknown"
+        lines.append(f"peak: {peak} ({self.peak.source})")
+        if self.cpu_step_estimate is not None:
+            lines.append(f"estimated time per step on this CPU: ~{self.cpu_step_estimate:.2f}s")
+        lines.append(
+            f"steps: {t.max_steps}  eval every {t.eval_interval or '-'}  checkpoint every "
+            f"{t.ckpt_interval or '-'} -> {self.ckpt_root}"
+        )
+        log.info("\n".join(lines))
+
+    # ----------------------------------------------------------------- resume
+
+    def _resume(self) -> None:
+        t = self.cfg.trainer
+        target = None
+        error = None
+        if self.env.is_main:
+            try:
+                target = ckpt.resolve_resume(t.resume, self.ckpt_root)
+                if target is None and t.resume is None:
+                    existing = ckpt.find_checkpoints(self.ckpt_root)
+                    if existing:
+                        raise ConfigError(
+                            f"{self.ckpt_root} already holds checkpoints (newest "
+                            f"{existing[-1].path.name}); pass trainer.resume=auto to continue "
+                            f"from it, or use a new run directory / trainer.ckpt_dir"
+                        )
+            except (ckpt.CheckpointError, ConfigError) as e:
+                error = e
+        error, target = broadcast_object((error, str(target) if target else None))
+        if error is not None:
+            raise error
+        if target is None:
+            if t.resume == "auto":
+                log.info("trainer.resume=auto: no checkpoint in %s, starting fresh", self.ckpt_root)
+            return
+        state, meta = ckpt.load_checkpoint(
+            target, model=self.model, optimizer=self.optimizer, sharded=self.strategy == "fsdp"
+        )
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != self.env.world_size:
+            raise ckpt.CheckpointError(
+                f"checkpoint {target} was written by {saved_world} processes and this run has "
+                f"{self.env.world_size}; the data stream and RNG positions are per process, so "
+                f"resume with --nproc_per_node matching {saved_world}"
+            )
+        self.step = int(state["step"])
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
+        # The wandb run continues only when this is the same run (its own checkpoints folder);
+        # a checkpoint resumed elsewhere starts a new wandb run.
+        same_run = Path(target).resolve().parent == self.ckpt_root.resolve()
+        self.wandb_id = state.get("wandb_id") if same_run else None
+        self.data.load_state_dict(state["data"][self.env.rank])
+        self._resume_rng = state["rng"][self.env.rank]
+        self.last_ckpt = Path(target)
+        log.info("resumed from %s at step %d", target, self.step)
+
+    # ------------------------------------------------------------------- loop
+
+    def fit(self) -> dict[str, Any]:
+        cfg, t, env = self.cfg, self.cfg.trainer, self.env
+        if t.max_steps == 0:
+            log.info("trainer.max_steps=0: built everything, exiting")
+            return self._summary()
+        self._resume()
+        self.train_iter = iter(self.data.train_batches())
+        if self._resume_rng is not None:
+            ckpt.set_rng_state(self._resume_rng)
+        else:
+            set_seed(cfg.seed + 1 + env.rank)  # dropout etc. differ across ranks
+        config_dict = OmegaConf.to_container(cfg, resolve=True)
+        config_dict["run"] = {
+            "params": self.num_params,
+            "flops_per_token": self.flops_per_token,
+            "world_size": env.world_size,
+            "strategy": self.strategy,
+            "precision": self.precision,
+            "grad_accum": self.plan.grad_accum,
+            "git_commit": git_commit() if env.is_main else None,
+            "choices": self.choices,
+            "run_dir": str(self.run_dir),
+        }
+        if env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.loggers = build_loggers(
+            cfg,
+            run_dir=self.run_dir,
+            run_name=self.run_name,
+            config=config_dict,
+            is_main=env.is_main,
+            resume_id=self.wandb_id,
+        )
+        if self.loggers.wandb is not None:
+            self.wandb_id = self.loggers.wandb.id
+        self.throughput = Throughput(self.flops_per_token, self.peak, env.world_size)
+        self.progress = Progress(
+            t.progress, total=t.max_steps, initial=self.step, enabled=env.is_main
+        )
+        self._interval_loss = 0.0
+        self._interval_steps = 0
+        self._interval_correct = 0.0
+        self._interval_targets = 0.0
+        preempt = PreemptionHandler()
+        start_time = time.perf_counter()
+        with preempt:
+            while self.step < t.max_steps:
+                stop = self._train_step(preempt)
+                self.progress.step(self.step)
+                done = self.step >= t.max_steps
+                if self.step % t.log_interval == 0 or done or stop:
+                    self._log_interval()
+                if (t.eval_interval and self.step % t.eval_interval == 0) or (
+                    done and t.eval_at_end
+                ):
+                    self.evaluate()
+                if stop:
+                    path = self.save()
+                    raise Preempted(self.step, str(path))
+                if (t.ckpt_interval and self.step % t.ckpt_interval == 0) or (
+                    done and t.ckpt_at_end
+                ):
+                    self.save()
+        elapsed = time.perf_counter() - start_time
+        self.progress.close()
+        summary = self._summary()
+        summary["elapsed_s"] = elapsed
+        if env.is_main:
+            final = f"loss {self.history[-1][1]:.4f}" if self.history else ""
+            evals = self.eval_history[-1][1] if self.eval_history else {}
+            ev = "  ".join(f"{k} {v:.4f}" for k, v in evals.items())
+            log.info(
+                "done: %d steps in %s  %s  %s  checkpoint %s",
+                self.step,
+                format_duration(elapsed),
+                final,
+                ev,
+                self.last_ckpt,
+            )
+        return summary
+
+    def _summary(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "params": self.num_params,
+            "losses": list(self.history),
+            "evals": list(self.eval_history),
+            "checkpoint": str(self.last_ckpt) if self.last_ckpt else None,
+            "run_dir": str(self.run_dir),
+        }
+
+    def _autocast(self):
+        if self.precision in ("bf16", "fp16") and self.strategy != "fsdp":
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+            return torch.autocast(self.env.device.type, dtype=dtype)
+        return contextlib.nullcontext()
+
+    def _sync_context(self, sync: bool):
+        """Skip the gradient all-reduce on all but the last micro-batch of a step."""
+        if sync:
+            return contextlib.nullcontext()
+        if hasattr(self.model, "no_sync"):  # DDP
+            return self.model.no_sync()
+        if self.strategy == "fsdp":
+            return _fsdp_no_sync(self.model)
+        return contextlib.nullcontext()
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.env.device.type == "cuda":  # pinned host memory: the copy runs asynchronously
+            return {
+                k: v.pin_memory().to(self.env.device, non_blocking=True) for k, v in batch.items()
+            }
+        return {k: v.to(self.env.device) for k, v in batch.items()}
+
+    def _train_step(self, preempt: PreemptionHandler) -> bool:
+        """One optimizer step. Returns True when any rank was asked to stop (SIGTERM)."""
+        env, t = self.env, self.cfg.trainer
+        start = time.perf_counter()
+        batches = [next(self.train_iter) for _ in range(self.plan.grad_accum)]
+        counts = [count_targets(b) for b in batches]
+        totals = torch.tensor([float(sum(counts))], dtype=torch.float64)
+        global_targets = float(all_reduce_sum(totals.to(env.device)).cpu()[0])
+        self.model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
+        correct_sum = torch.zeros((), dtype=torch.float64, device=env.device)
+        has_correct = False
+        try:
+            for i, batch in enumerate(batches):
+                batch = self._to_device(batch)
+                with self._sync_context(i == len(batches) - 1):
+                    with self._autocast():
+                        out = self.model(**batch)
+                    n = counts[i]
+                    if n > 0:
+                        loss = out.loss.float() * (n * env.world_size / global_targets)
+                        loss_sum += out.loss.detach().double() * n
+                    else:  # keep every rank's backward in step (DDP/FSDP collectives)
+                        loss = torch.nan_to_num(out.loss.float()) * 0.0
+                    if out.correct is not None:
+                        has_correct = True
+                        correct_sum += out.correct.detach().double()
+                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        except torch.OutOfMemoryError as e:
+            log.error("%s", oom_advice(self.cfg, env.device, e))
+            raise
+        # One all-reduce for the step's loss, accuracy and the ranks' stop requests (SIGTERM).
+        stop_vote = torch.tensor(float(preempt.requested), dtype=torch.float64, device=env.device)
+        stats = all_reduce_sum(torch.stack([loss_sum, correct_sum, stop_vote]))
+        stop_votes = float(stats[2])
+        mean_loss = stats[0] / max(global_targets, 1.0)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = float(t.grad_clip) if t.grad_clip else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        loss_value, norm_value = torch.stack(
+            [mean_loss.float(), grad_norm.float().to(mean_loss.device)]
+        ).tolist()
+        step = self.step + 1  # the 1-based number of the step being taken
+        finite = math.isfinite(loss_value) and (
+            math.isfinite(norm_value) or self.scaler is not None
+        )
+        if not finite:
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler is not None:
+                self.scaler.update()  # unscale_ ran: close the scaler's step
+            self.skipped_in_a_row += 1
+            if t.on_nonfinite == "stop" or self.skipped_in_a_row > t.max_skipped_steps:
+                raise NonFiniteLossError(
+                    step, loss_value, norm_value, str(self.last_ckpt) if self.last_ckpt else None
+                )
+            log.warning(
+                "step %d: non-finite loss %s (grad_norm %s), update skipped (%d in a row)",
+                step,
+                loss_value,
+                norm_value,
+                self.skipped_in_a_row,
+            )
+            with warnings.catch_warnings():  # the schedule advances although no update was made
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                self.scheduler.step()
+        else:
+            self.skipped_in_a_row = 0
+            self.metrics_lr = self.scheduler.get_last_lr()[0]
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self._interval_loss += loss_value
+            self._interval_steps += 1
+            self._last_grad_norm = norm_value
+            self.history.append((step, loss_value))
+        if has_correct:
+            self._interval_correct += float(stats[1])
+            self._interval_targets += global_targets
+        self.step = step
+        self.tokens_seen += self.plan.tokens_per_step
+        self.throughput.add(time.perf_counter() - start, self.plan.tokens_per_step)
+        return stop_votes > 0
+
+    def _log_interval(self) -> None:
+        metrics: dict[str, float] = {}
+        if self._interval_steps:
+            metrics["loss"] = self._interval_loss / self._interval_steps
+            metrics["lr"] = self.metrics_lr
+            metrics["grad_norm"] = self._last_grad_norm
+        if self._interval_targets:
+            metrics["accuracy"] = self._interval_correct / self._interval_targets
+        metrics.update(self.throughput.flush())
+        metrics.update(memory_metrics(self.env.device))
+        metrics["tokens_seen"] = float(self.tokens_seen)
+        if self.scaler is not None:
+            metrics["loss_scale"] = float(self.scaler.get_scale())
+        self._interval_loss, self._interval_steps = 0.0, 0
+        self._interval_correct, self._interval_targets = 0.0, 0.0
+        eta = self.throughput.eta_seconds(self.cfg.trainer.max_steps - self.step)
+        if self.env.is_main:
+            self.progress.interval(self.step, metrics, eta)
+            self.loggers.log(metrics, self.step)
+
+    # ------------------------------------------------------------------- eval
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss (and perplexity for LM/MLM, accuracy for MLM/classification) on the val set."""
+        env = self.env
+        limit = self.cfg.trainer.eval_batches
+        model = self.model if self.strategy == "fsdp" else self.raw_model
+        model.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, n, correct
+        has_correct = False
+        it = iter(self.data.val_batches())
+        last_batch = None
+        i = 0
+        while True:
+            batch = next(it, None) if (limit is None or i < limit) else None
+            if self.strategy == "fsdp":
+                # FSDP forward passes are collectives: go on while any rank has data, with
+                # ranks that ran out repeating their last batch at weight zero.
+                more = all_reduce_sum(torch.tensor([float(batch is not None)], device=env.device))
+                if float(more) == 0:
+                    break
+                weight = 1.0 if batch is not None else 0.0
+                batch = batch if batch is not None else last_batch
+                if batch is None:
+                    raise RuntimeError(f"rank {env.rank} has no validation data for FSDP eval")
+            elif batch is None:
+                break
+            else:
+                weight = 1.0
+            last_batch = batch
+            i += 1
+            with self._autocast():
+                out = model(**self._to_device(batch))
+            n = out.num_targets.double() * weight
+            if float(n) > 0:
+                sums[0] += out.loss.double() * n
+            sums[1] += n
+            if out.correct is not None:
+                has_correct = True
+                sums[2] += out.correct.double() * weight
+        all_reduce_sum(sums)
+        model.train()
+        total = float(sums[1])
+        metrics: dict[str, float] = {}
+        if total > 0:
+            loss = float(sums[0]) / total
+            metrics["eval/loss"] = loss
+            if self.data.task in ("lm", "mlm"):
+                metrics["eval/ppl"] = math.exp(min(loss, 50.0))
+            if has_correct or self.data.task == "classification":
+                metrics["eval/accuracy"] = float(sums[2]) / total
+        self.eval_history.append((self.step, metrics))
+        if env.is_main:
+            log.info(
+                "eval at step %d: %s",
+                self.step,
+                "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) or "no validation data",
+            )
+            self.loggers.log(metrics, self.step)
+        return metrics
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save(self) -> Path:
+        env = self.env
+        rng = gather_objects(ckpt.rng_state())
+        data = gather_objects(self.data.state_dict())
+        trainer_state = None
+        if env.is_main:
+            trainer_state = {
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "rng": rng,
+                "data": data,
+                "world_size": env.world_size,
+                "skipped_in_a_row": self.skipped_in_a_row,
+                "wandb_id": self.wandb_id,
+            }
+        meta = {
+            "time": datetime.datetime.now().isoformat(timespec="seconds"),
+            "world_size": env.world_size,
+            "strategy": self.strategy,
+            "params": self.num_params,
+            "tokens_seen": self.tokens_seen,
+            "model_config": OmegaConf.to_container(self.cfg.model, resolve=True),
+            "run_name": self.run_name,
+        }
+        path = ckpt.save_checkpoint(
+            self.ckpt_root,
+            self.step,
+            model=self.model,
+            optimizer=self.optimizer,
+            trainer_state=trainer_state,
+            meta=meta,
+            config_yaml=OmegaConf.to_yaml(self.cfg) if env.is_main else "",
+            sharded=self.strategy == "fsdp",
+            keep_last=self.cfg.trainer.keep_last,
+        )
+        self.last_ckpt = path
+        log.info("checkpoint: %s", path)
+        return path
+
+    def close(self, clean: bool = False) -> None:
+        if self.progress is not None:
+            self.progress.close()
+        self.loggers.finish()
+        # Free the DDP reducer / FSDP state before the process group: were one of them the last
+        # owner of the group, its destructor would run later under the GIL while gloo's worker
+        # threads wait for the GIL to free finished work, and the process would never exit.
+        for name in ("model", "raw_model", "optimizer", "scheduler", "scaler", "train_iter"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+        gc.collect()
+        teardown_distributed(barrier=clean)
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

@@ -1,0 +1,208 @@
+"""The config tree: defaults, every preset, validation of keys and types, batch arithmetic."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+from train_testing import CONFIGS, compose
+
+from flashtrain.train import ConfigError, batch_plan, run, validate_config
+
+PRESETS = sorted(
+    str(p.relative_to(CONFIGS / "experiment").with_suffix(""))
+    for p in (CONFIGS / "experiment").rglob("*.yaml")
+)
+
+
+def test_the_preset_list_covers_the_papers_runs():
+    for name in (
+        "owt/gpt2s-1k",
+        "owt/gpt2s-2k",
+        "owt/gpt2s-4k",
+        "owt/gpt2s-8k",
+        "owt/gpt2s-16k",
+        "pathx/flash",
+        "pathx/blocksparse",
+        "path256/blocksparse",
+        "bert/large-512",
+        "cpu/tiny",
+    ):
+        assert name in PRESETS
+    for name in PRESETS:
+        first = (CONFIGS / "experiment" / f"{name}.yaml").read_text().splitlines()
+        assert "# @package _global_" in first[:3], name
+
+
+def test_defaults():
+    cfg = validate_config(compose())
+    assert cfg.model.name == "gpt2-tiny" and cfg.model.arch == "gpt2"
+    assert cfg.data.name == "synthetic" and cfg.attention.impl == "flash"
+    assert cfg.logger.name == "wandb" and cfg.logger.mode == "offline"
+    assert cfg.model.max_seq_len == cfg.seq_len  # interpolated from the top level
+    assert cfg.model.vocab_size == cfg.data.vocab_size
+
+
+def test_only_rank0_gets_a_hydra_run_dir(monkeypatch):
+    raw = OmegaConf.merge(
+        OmegaConf.load(CONFIGS / "train.yaml"),
+        {"hydra": {"runtime": {"output_dir": "/runs/x"}, "job": {"name": "train"}}},
+    )
+    assert raw.hydra.job.chdir is False
+    assert raw.hydra.job_logging.handlers.file.filename == "/runs/x/train.log"
+    assert re.fullmatch(r"outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", raw.hydra.run.dir)
+    assert raw.hydra.output_subdir == ".hydra"
+    monkeypatch.setenv("RANK", "1")  # as torchrun sets it: no directory, no files
+    assert raw.hydra.run.dir == "." and raw.hydra.output_subdir is None
+    assert raw.hydra.job_logging.handlers.file.filename == "/dev/null"
+
+
+def test_wandb_mode_env_var_is_the_default(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert validate_config(compose()).logger.mode == "disabled"
+    cfg = validate_config(compose(["logger.mode=online"]))
+    assert cfg.logger.mode == "online"  # an explicit override still wins
+
+
+def test_top_level_seq_len_reaches_model_and_data():
+    cfg = validate_config(compose(["seq_len=512"]))
+    assert cfg.seq_len == 512 and cfg.model.max_seq_len == 512
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_composes(name):
+    cfg = validate_config(compose([f"experiment={name}"]))
+    assert cfg.model.max_seq_len == cfg.seq_len
+    plan = batch_plan(cfg, world_size=1 if name.startswith("cpu/") else 8)
+    assert plan.global_batch_size * cfg.seq_len == plan.tokens_per_step
+    if name.startswith("owt/gpt2s-"):
+        k = int(name.split("-")[-1].rstrip("k"))
+        assert cfg.seq_len == 1024 * k and cfg.model.name == "gpt2"
+        assert cfg.data.name == "openwebtext" and plan.tokens_per_step == 524288
+    if name.startswith(("pathx/", "path256/")):
+        assert cfg.model.arch == "classifier" and cfg.data.num_classes == 2
+        assert cfg.attention.impl == name.split("/")[1]
+        assert cfg.seq_len == (16384 if name.startswith("pathx") else 65536)
+    if name == "bert/large-512":
+        assert cfg.model.name == "bert-large" and cfg.seq_len == 512 and cfg.data.name == "bert_mlm"
+
+
+@pytest.mark.parametrize(
+    "overrides,error,match",
+    [
+        (["trainer.max_steps=ten"], ValidationError, "could not be converted to Integer"),
+        (["trainer.strategy=zero3"], ValidationError, "expected one of"),
+        (["optim.lr=fast"], ValidationError, "could not be converted to Float"),
+        (["+trainer.max_step=10"], ConfigKeyError, "max_step"),
+        (["+foo=1"], ConfigKeyError, "foo"),
+    ],
+)
+def test_bad_types_and_unknown_keys_fail_at_start(overrides, error, match):
+    with pytest.raises(error, match=match):
+        validate_config(compose(overrides))
+
+
+def test_unknown_key_without_plus_fails_in_hydra():
+    with pytest.raises(ConfigCompositionException, match="trainer.max_step"):
+        compose(["trainer.max_step=10"])
+
+
+@pytest.mark.parametrize("override", ["model=gpt5", "experiment=owt/gpt2s-1m", "data=imagenet"])
+def test_unknown_group_option_names_the_choices(override):
+    with pytest.raises(MissingConfigException) as err:
+        compose([override])
+    group, name = override.split("=")
+    assert f"Could not find '{group}/{name}'" in str(err.value)
+    if "/" not in name:  # Hydra lists the group's options (not those of a subfolder)
+        assert f"Available options in '{group}'" in str(err.value)
+    if group == "model":
+        assert "gpt2-tiny" in str(err.value)
+
+
+def test_values_that_cannot_work_together():
+    with pytest.raises(ConfigError, match="longer than the model takes"):
+        validate_config(compose(["seq_len=512", "model.max_seq_len=256"]))
+    with pytest.raises(ConfigError, match="trainer.log_interval must be positive"):
+        validate_config(compose(["trainer.log_interval=0"]))
+    with pytest.raises(ConfigError, match="logger.mode"):
+        validate_config(compose(["logger.mode=sometimes"]))
+
+
+def test_batch_plan():
+    cfg = validate_config(compose(["global_batch_size=32", "micro_batch_size=4"]))
+    plan = batch_plan(cfg, world_size=2)
+    assert (plan.grad_accum, plan.global_batch_size) == (4, 32)
+    assert plan.tokens_per_step == 32 * cfg.seq_len
+    cfg = validate_config(
+        compose(["global_batch_tokens=4096", "global_batch_size=null", "seq_len=128"])
+    )
+    assert batch_plan(cfg, world_size=1).global_batch_size == 32
+    with pytest.raises(ConfigError, match="not a multiple of micro_batch_size=8 x world_size=3"):
+        batch_plan(validate_config(compose(["global_batch_size=16"])), world_size=3)
+    with pytest.raises(ConfigError, match="not a multiple of seq_len"):
+        batch_plan(validate_config(compose(["global_batch_tokens=1000"])), world_size=1)
+    cfg = validate_config(compose(["global_batch_size=null"]))
+    assert batch_plan(cfg, world_size=2).grad_accum == 1  # null = one micro-batch per rank
+
+
+def _tiny_preset_overrides(name: str, tmp: Path) -> list[str]:
+    """Shrink a preset to CPU size, keeping its model family, attention, trainer and optimizer;
+    data that needs downloads is replaced by a local stand-in of the same kind."""
+    over = [
+        f"experiment={name}",
+        "trainer.max_steps=0",
+        "logger=none",
+        "micro_batch_size=2",
+        "global_batch_tokens=null",
+        "global_batch_size=4",
+        f"data.cache_dir={tmp / 'cache'}",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.d_model=32",
+    ]
+    corpus = tmp / "corpus.txt"
+    corpus.write_text("".join(f"line {i} of a tiny corpus, words words.\n\n" for i in range(400)))
+    cfg = compose([f"experiment={name}"])
+    if cfg.data.name == "openwebtext":
+        over += ["data=text_files", f"data.data_files={corpus}", "data.sample_by=paragraph"]
+        over += ["seq_len=64"]
+    elif cfg.model.arch == "classifier":
+        over += [
+            "data.resolution=32",
+            "seq_len=1024",
+            "data.num_samples=20",
+            "data.num_workers=1",
+            "model.d_ff=64",
+        ]
+        if cfg.attention.impl == "blocksparse":
+            over += ["attention.block_size=64"]
+    elif cfg.data.name == "bert_mlm":
+        vocab = tmp / "vocab.txt"
+        words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "line", "of", "a", "tiny"]
+        words += ["corpus", ",", ".", "words"] + [str(i) for i in range(10)]
+        vocab.write_text("\n".join(words) + "\n")
+        over += [
+            f"data.data_files={corpus}",
+            f"data.tokenizer_path={vocab}",
+            "data.sample_by=paragraph",
+            "data.vocab_size=64",
+            "model.d_ff=64",
+            "seq_len=64",
+        ]
+    else:
+        over += ["seq_len=64"]
+    return over
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_builds_at_tiny_size(name, tmp_path, caplog):
+    cfg = compose(_tiny_preset_overrides(name, tmp_path))
+    caplog.set_level("INFO", logger="flashtrain")
+    summary = run(cfg, run_dir=tmp_path / "run")
+    assert summary["step"] == 0 and summary["params"] > 0
+    assert f"params: {summary['params']}" in caplog.text
+    assert not (tmp_path / "run" / "checkpoints").exists()  # max_steps=0 writes nothing

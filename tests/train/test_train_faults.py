@@ -1,0 +1,166 @@
+"""Faults: NaN/inf losses (stop or skip), SIGTERM (checkpoint, then stop), CUDA OOM advice."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from train_testing import REPO, TINY, compose, read_metrics, subprocess_env
+
+import flashtrain.models
+from flashtrain.train import run
+from flashtrain.train.checkpoint import find_checkpoints
+from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
+from flashtrain.train.trainer import EXIT_PREEMPTED
+
+
+def _tiny(tmp_path, *extra):
+    return compose(TINY + [f"data.cache_dir={tmp_path / 'cache'}", *extra])
+
+
+def _patch_forward(monkeypatch, transform):
+    """Wrap the built model's forward: transform(call_index, output) -> output."""
+    real = flashtrain.models.build_model
+    calls = {"n": 0}
+
+    def build(model_cfg, attention_cfg):
+        model = real(model_cfg, attention_cfg)
+        forward = model.forward
+
+        def patched(**batch):
+            out = forward(**batch)
+            if model.training:
+                calls["n"] += 1
+                out = transform(calls["n"], out)
+            return out
+
+        model.forward = patched
+        return model
+
+    monkeypatch.setattr(flashtrain.models, "build_model", build)
+
+
+def _nan_at_step(step, accum=2):
+    def transform(call, out):
+        if (call - 1) // accum + 1 == step:
+            return dataclasses.replace(out, loss=out.loss * float("nan"))
+        return out
+
+    return transform
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    _patch_forward(monkeypatch, _nan_at_step(3))
+    cfg = _tiny(tmp_path, "trainer.max_steps=6", "trainer.ckpt_interval=2")
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 3") as err:
+        run(cfg, tmp_path / "run")
+    assert "step_000002" in str(err.value)
+    assert [c.step for c in find_checkpoints(tmp_path / "run" / "checkpoints")] == [2]
+
+
+def test_nan_loss_skip_mode_drops_the_update_and_goes_on(tmp_path, monkeypatch, caplog):
+    _patch_forward(monkeypatch, _nan_at_step(3))
+    cfg = _tiny(tmp_path, "trainer.max_steps=5", "trainer.on_nonfinite=skip")
+    out = run(cfg, tmp_path / "run")
+    assert out["step"] == 5 and [s for s, _ in out["losses"]] == [1, 2, 4, 5]
+    assert "step 3: non-finite loss" in caplog.text
+    params = torch.load(
+        tmp_path / "run" / "checkpoints" / "step_000005" / "model_optim.pt", weights_only=True
+    )["model"]
+    assert all(torch.isfinite(v).all() for v in params.values())
+
+
+def test_too_many_skips_in_a_row_stop(tmp_path, monkeypatch):
+    _patch_forward(
+        monkeypatch, lambda call, out: dataclasses.replace(out, loss=out.loss * torch.inf)
+    )
+    cfg = _tiny(
+        tmp_path, "trainer.max_steps=9", "trainer.on_nonfinite=skip", "trainer.max_skipped_steps=2"
+    )
+    with pytest.raises(NonFiniteLossError, match="at step 3"):
+        run(cfg, tmp_path / "run")
+
+
+def test_preemption_handler_sets_a_flag_and_restores():
+    before = signal.getsignal(signal.SIGTERM)
+    with PreemptionHandler() as h:
+        assert not h.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):
+            if h.requested:
+                break
+            time.sleep(0.01)
+        assert h.requested and h.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_sigterm_in_process_writes_a_checkpoint_and_stops(tmp_path, monkeypatch):
+    sent = []
+
+    def transform(call, out):
+        if call == 5 and not sent:  # during step 3 (2 micro-batches per step)
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    _patch_forward(monkeypatch, transform)
+    cfg = _tiny(tmp_path, "trainer.max_steps=50", "trainer.ckpt_interval=0")
+    with pytest.raises(Preempted, match="stopped by SIGTERM after step 3") as err:
+        run(cfg, tmp_path / "run")
+    assert err.value.step == 3
+    assert [c.step for c in find_checkpoints(tmp_path / "run" / "checkpoints")] == [3]
+    full = run(_tiny(tmp_path, "trainer.max_steps=5"), tmp_path / "full")
+    resumed = run(_tiny(tmp_path, "trainer.max_steps=5", "trainer.resume=auto"), tmp_path / "run")
+    assert resumed["losses"] == full["losses"][3:]
+
+
+def test_sigterm_to_the_command(tmp_path):
+    args = TINY + ["trainer.max_steps=100000", "trainer.ckpt_interval=0", "hydra.run.dir=out"]
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    deadline = time.time() + 90
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, output[-2000:]
+    (ckpt,) = find_checkpoints(tmp_path / "out" / "checkpoints")
+    assert ckpt.step >= 3 and ckpt.step == read_metrics(metrics)[-1]["step"]
+    assert f"stopped by SIGTERM after step {ckpt.step}" in output
+    assert "trainer.resume=auto" in output
+
+
+def test_oom_advice_names_the_overrides():
+    cfg = compose(["micro_batch_size=8", "trainer.strategy=ddp"])
+    text = oom_advice(cfg, torch.device("cpu"), RuntimeError("CUDA out of memory. Tried 2 GiB"))
+    assert "Tried 2 GiB" in text
+    for hint in ("model.recompute=all", "micro_batch_size=4", "trainer.strategy=fsdp", "seq_len="):
+        assert hint in text
+    cfg = compose(["micro_batch_size=1", "model.recompute=all", "trainer.strategy=fsdp"])
+    text = oom_advice(cfg, torch.device("cpu"))
+    assert "model.recompute=all" not in text and "micro_batch_size=" not in text
+
+
+def test_oom_during_a_step_prints_the_advice(tmp_path, monkeypatch, caplog):
+    def transform(call, out):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    _patch_forward(monkeypatch, transform)
+    with pytest.raises(torch.OutOfMemoryError):
+        run(_tiny(tmp_path, "trainer.max_steps=3"), tmp_path / "run")
+    assert "To use less memory" in caplog.text and "model.recompute=all" in caplog.text

@@ -1,0 +1,93 @@
+"""Helpers for the trainer tests: config composition, tiny-model overrides, subprocess runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
+if str(REPO) not in sys.path:  # the package may not be pip-installed
+    sys.path.insert(0, str(REPO))
+
+# A GPT-2 small enough for a CPU step in tens of milliseconds.
+TINY = [
+    "model=gpt2-tiny",
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.d_model=64",
+    "seq_len=64",
+    "micro_batch_size=4",
+    "global_batch_size=8",
+    "data.val_sequences=16",
+    "logger=none",
+    "trainer.progress=lines",
+    "trainer.log_interval=1",
+]
+
+
+def compose(overrides: list[str] | tuple[str, ...] = ()):
+    """configs/train.yaml with overrides, as train.py would see it (minus the hydra node)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import flashtrain.train  # noqa: F401  (registers the config resolvers)
+
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        FLASHTRAIN_CPU_ATTENTION="torch",
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        OMP_NUM_THREADS="1",
+    )
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "WANDB_MODE"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def run_train(args: list[str], cwd: Path, *, timeout: float = 120, nproc: int = 0, env=None):
+    """`python train.py args` (or under torchrun with nproc processes) in cwd."""
+    if nproc:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            f"--master_port={free_port()}",
+            "--monitor-interval=0.2",
+            str(REPO / "train.py"),
+        ]
+    else:
+        cmd = [sys.executable, str(REPO / "train.py")]
+    return subprocess.run(
+        cmd + list(args),
+        cwd=cwd,
+        env=env or subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def step_losses(path: Path) -> dict[int, float]:
+    """{step: loss} from a metrics.jsonl written with trainer.log_interval=1."""
+    return {r["step"]: r["loss"] for r in read_metrics(path) if r.get("loss") is not None}

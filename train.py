@@ -1,0 +1,20 @@
+"""Train a flashtrain model: `python train.py [overrides]` (see configs/train.yaml).
+
+python train.py                                   # tiny GPT-2 on synthetic data, CPU or GPU
+python train.py experiment=owt/gpt2s-4k           # a preset from configs/experiment/
+torchrun --nproc_per_node=8 train.py experiment=owt/gpt2s-4k trainer.strategy=fsdp
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from flashtrain.train import main as flashtrain_main
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> None:
+    flashtrain_main(cfg)
+
+
+if __name__ == "__main__":
+    main()
