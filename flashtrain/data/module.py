@@ -20,6 +20,7 @@ class DataModule:
     stream position (one live iterator at a time: they share the position).
     val_batches(): finite, identical on every call, a disjoint share per rank (same count).
     state_dict() / load_state_dict(): the training stream position.
+    loss_bounds(): None, or {what: loss in nats} that put a run's loss in context.
     """
 
     task: str
@@ -28,6 +29,9 @@ class DataModule:
 
     def train_batches(self) -> Iterator[dict[str, torch.Tensor]]:
         raise NotImplementedError
+
+    def loss_bounds(self) -> dict[str, float] | None:
+        return None
 
     def val_batches(self) -> Iterable[dict[str, torch.Tensor]]:
         raise NotImplementedError

@@ -103,6 +103,14 @@ class AssociativeRecall(DataModule):
     def optimal_loss(self) -> float:
         return recall_optimal_loss(self.seq_len, self.num_keys, self.num_values)
 
+    def loss_bounds(self) -> dict[str, float]:
+        """Without recall a model can at best learn which tokens are values: log(num_values).
+        Below that it is using the context; the optimum falls as seq_len grows."""
+        return {
+            "without using the context": math.log(self.num_values),
+            f"best possible at seq_len {self.seq_len}": self.optimal_loss(),
+        }
+
     def state_dict(self) -> dict:
         return {"step": self.step, "seed": self.seed, "world_size": self.world_size}
 

@@ -255,6 +255,9 @@ class Trainer:
             rank=env.rank,
             world_size=env.world_size,
         )
+        bounds = self.data.loss_bounds()
+        if bounds and env.is_main:
+            log.info("data loss: " + ", ".join(f"{k} {v:.3f}" for k, v in bounds.items()))
         model_vocab = cfg.model.get("vocab_size")
         if isinstance(model_vocab, int) and self.data.vocab_size > model_vocab:
             raise ConfigError(

@@ -4,6 +4,7 @@ import itertools
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from flashtrain.data import build_data
@@ -77,6 +78,12 @@ def test_more_context_gives_lower_optimal_loss():
     losses = [recall_optimal_loss(n, 128, 128) for n in (64, 256, 1024, 4096, 16384)]
     assert all(a > b for a, b in zip(losses, losses[1:]))
     assert abs(losses[0] - math.log(128) * np.mean((1 - 1 / 128) ** np.arange(32))) < 1e-12
+
+
+def test_loss_bounds_name_the_no_context_floor_and_the_optimum():
+    bounds = list(make().loss_bounds().values())
+    assert bounds[0] == pytest.approx(math.log(VALUES))
+    assert bounds[1] == pytest.approx(make().optimal_loss()) and bounds[1] < bounds[0]
 
 
 def test_ranks_split_the_global_stream_and_resume_is_exact():

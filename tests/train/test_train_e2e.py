@@ -57,6 +57,7 @@ def test_default_command_trains_evaluates_checkpoints_and_logs(tmp_path):
     for piece in ("loss ", "lr ", "grad_norm ", "tokens/s ", "mfu ", "step_time ", "mem ", "eta "):
         assert piece in line, line
     assert "eval at step 30" in res.stdout and "checkpoint:" in res.stdout
+    assert "data loss: without using the context 4.852, best possible at seq_len" in res.stdout
 
 
 def _tiny(tmp_path, *extra):
