@@ -5,7 +5,8 @@ run(cfg)            # cfg composed from configs/train.yaml (train.py does this t
 """
 
 from flashtrain.train.config import ConfigError, batch_plan, register_resolvers, validate_config
-from flashtrain.train.trainer import Trainer, main, run
+from flashtrain.train.entry import main, run
+from flashtrain.train.trainer import Trainer
 
 register_resolvers()
 

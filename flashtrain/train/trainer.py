@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from flashtrain.train import checkpoint as ckpt
 from flashtrain.train.config import BatchPlan, ConfigError, batch_plan, validate_config
@@ -58,49 +57,8 @@ log = logging.getLogger("flashtrain")
 # time-per-step estimate only; roughly 0.5 for small GPT-2s on a 2-core x86 machine).
 CPU_STEP_EFFICIENCY = 0.5
 
-EXIT_CONFIG = 2
-EXIT_NONFINITE = 3
-EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a terminated job
 
-
-def main(cfg: DictConfig) -> None:
-    """Entry point for train.py: run, and turn expected failures into a message and exit code."""
-    try:
-        run(cfg)
-    except (ConfigError, ckpt.CheckpointError, OmegaConfBaseException) as e:
-        _report_error(f"{type(e).__name__}: {e}")
-        raise SystemExit(EXIT_CONFIG) from None
-    except NonFiniteLossError as e:
-        _report_error(str(e))
-        raise SystemExit(EXIT_NONFINITE) from None
-    except Preempted as e:
-        log.warning("%s", e)
-        raise SystemExit(EXIT_PREEMPTED) from None
-
-
-def _report_error(msg: str) -> None:
-    if os.environ.get("RANK", "0") == "0":
-        _ensure_logging()
-        log.error("%s", msg)
-
-
-def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Train as `cfg` says. Returns a summary: steps done, last losses, evals, checkpoint.
-
-    run_dir: where outputs go; default Hydra's run directory (under train.py) or
-    outputs/<date>/<time>. Under torchrun, rank 0's choice is used by every rank.
-    """
-    trainer = Trainer(cfg, run_dir=run_dir)
-    ok = False
-    try:
-        summary = trainer.fit()
-        ok = True
-        return summary
-    finally:
-        trainer.close(clean=ok)
-
-
-def _ensure_logging() -> None:
+def ensure_logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
@@ -146,7 +104,7 @@ def _hydra_choices() -> dict[str, str]:
 
 class Trainer:
     def __init__(self, cfg: DictConfig, run_dir: str | os.PathLike | None = None):
-        _ensure_logging()
+        ensure_logging()
         self.loggers = Loggers()
         self.progress: Progress | None = None
         self.cfg = cfg = validate_config(cfg)
@@ -521,7 +479,6 @@ class Trainer:
         # One all-reduce for the step's loss, accuracy and the ranks' stop requests (SIGTERM).
         stop_vote = torch.tensor(float(preempt.requested), dtype=torch.float64, device=env.device)
         stats = all_reduce_sum(torch.stack([loss_sum, correct_sum, stop_vote]))
-        stop_votes = float(stats[2])
         mean_loss = stats[0] / max(global_targets, 1.0)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
@@ -529,8 +486,9 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        loss_value, norm_value = torch.stack(
-            [mean_loss.float(), grad_norm.float().to(mean_loss.device)]
+        # One device-to-host copy per step for everything the host needs.
+        loss_value, norm_value, correct, stop_votes = torch.stack(
+            [mean_loss, grad_norm.double().to(mean_loss.device), stats[1], stats[2]]
         ).tolist()
         step = self.step + 1  # the 1-based number of the step being taken
         finite = math.isfinite(loss_value) and (
@@ -570,7 +528,7 @@ class Trainer:
             self._last_grad_norm = norm_value
             self.history.append((step, loss_value))
         if has_correct:
-            self._interval_correct += float(stats[1])
+            self._interval_correct += correct
             self._interval_targets += global_targets
         self.step = step
         self.tokens_seen += self.plan.tokens_per_step

@@ -16,8 +16,8 @@ from train_testing import REPO, TINY, compose, read_metrics, subprocess_env
 import flashtrain.models
 from flashtrain.train import run
 from flashtrain.train.checkpoint import find_checkpoints
+from flashtrain.train.entry import EXIT_PREEMPTED
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
-from flashtrain.train.trainer import EXIT_PREEMPTED
 
 
 def _tiny(tmp_path, *extra):
