@@ -10,7 +10,7 @@ Block-sparse launches stream only the blocks in the layout's tables (transposed 
 import triton
 import triton.language as tl
 
-from kernels.common import (
+from flashtrain.kernels.common import (
     allowed,
     dot_precision,
     dropout_keep,
@@ -19,8 +19,8 @@ from kernels.common import (
     seq_strides,
     sequence_bounds,
 )
-from kernels.flash_fwd import table_strides
-from kernels.tuning import backward_config
+from flashtrain.kernels.flash_fwd import table_strides
+from flashtrain.kernels.tuning import backward_config
 
 LOG2E = 1.4426950408889634
 
@@ -292,7 +292,7 @@ def flash_backward_dq_kernel(
 def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seqlens_k,
                    max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
                    dropout_p, seed, tables=None, block_size=0):
-    """Launch the backward; layouts as kernels.flash_fwd.flash_forward. Writes dq, dk, dv."""
+    """Launch the backward; layouts as flashtrain.kernels.flash_fwd.flash_forward. Writes dq, dk, dv."""
     is_varlen = cu_seqlens_q is not None
     if is_varlen:
         batch = cu_seqlens_q.numel() - 1

@@ -10,7 +10,7 @@ blocks listed in the layout's tables, partial ones masked and full ones not.
 import triton
 import triton.language as tl
 
-from kernels.common import (
+from flashtrain.kernels.common import (
     allowed,
     dot_precision,
     dropout_keep,
@@ -18,7 +18,7 @@ from kernels.common import (
     seq_strides,
     sequence_bounds,
 )
-from kernels.tuning import forward_config
+from flashtrain.kernels.tuning import forward_config
 
 LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
@@ -170,7 +170,7 @@ def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                   block_size=0, visits=None):
     """Launch the forward. Dense: q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), lse (B, Hq, Sq).
     Packed: q (total_q, Hq, D), k/v (total_k, Hkv, D), lse (Hq, total_q), cu_seqlens int32 (B+1,).
-    Writes out (like q) and lse (float32) in place. Windows use kernels.common.UNBOUNDED for -1.
+    Writes out (like q) and lse (float32) in place. Windows use flashtrain.kernels.common.UNBOUNDED for -1.
     tables: a block-sparse layout's int32 tables (BlockTables.as_list()) at block_size tokens.
     visits: optional zeroed int32 tensor (B * Hq * query tiles,) that receives, per program,
     the number of key tiles it streamed.

@@ -1,8 +1,8 @@
 """Host-side count of the key tiles the forward kernel streams, for cost accounting on machines
 without a GPU (a 64K-token launch is far too slow for the interpreter). The arithmetic mirrors
-kernels.common.key_block_range; tests check it against the kernel's own COUNT_VISITS output."""
+flashtrain.kernels.common.key_block_range; tests check it against the kernel's own COUNT_VISITS output."""
 
-from kernels.common import UNBOUNDED
+from flashtrain.kernels.common import UNBOUNDED
 
 
 def _cdiv(a: int, b: int) -> int:

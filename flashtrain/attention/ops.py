@@ -15,7 +15,7 @@ import torch
 from flashtrain.attention import torch_path
 from flashtrain.attention.backend import use_triton
 
-UNBOUNDED = 1 << 30  # mirrors kernels.common.UNBOUNDED without importing triton here
+UNBOUNDED = 1 << 30  # mirrors flashtrain.kernels.common.UNBOUNDED without importing triton here
 
 
 def _kernel_window(left: int, right: int) -> tuple[int, int]:
@@ -53,7 +53,7 @@ def attention_forward(
     out = torch.empty_like(q)
     lse = torch.empty(_lse_shape(q, packed), dtype=torch.float32, device=q.device)
     if use_triton(q.device):
-        from kernels.flash_fwd import flash_forward
+        from flashtrain.kernels.flash_fwd import flash_forward
 
         left, right = _kernel_window(window_left, window_right)
         flash_forward(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -98,7 +98,7 @@ def attention_backward(
     seed_value = int(seed.item())
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     if use_triton(q.device):
-        from kernels.flash_bwd import flash_backward
+        from flashtrain.kernels.flash_bwd import flash_backward
 
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         left, right = _kernel_window(window_left, window_right)

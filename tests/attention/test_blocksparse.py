@@ -121,8 +121,8 @@ def test_layout_tables_and_blocks_visited():
 
 def test_kernel_visits_only_kept_blocks():
     """The kernel's own count of streamed key tiles is proportional to the kept blocks."""
-    from kernels.flash_fwd import flash_forward
-    from kernels.tuning import forward_config
+    from flashtrain.kernels.flash_fwd import flash_forward
+    from flashtrain.kernels.tuning import forward_config
 
     seqlen, bs = 256, 64
     q, k, v = random_qkv(1, seqlen, seqlen, 1, 1, 16, torch.float32)
