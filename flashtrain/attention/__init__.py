@@ -1,14 +1,20 @@
-"""Public attention API: exact FlashAttention (dense, varlen, block-sparse) on Triton kernels."""
+"""Public attention API: exact FlashAttention (dense, varlen, block-sparse) on Triton kernels,
+and ring attention for sequences split over the ranks of a process group."""
 
 from flashtrain.attention import sparsity
 from flashtrain.attention.api import blocksparse_attn_func, flash_attn_func, flash_attn_varlen_func
 from flashtrain.attention.padding import pad_input, unpad_input
+from flashtrain.attention.ring import ring_attn_func
+from flashtrain.attention.ring_layout import shard_sequence, unshard_sequence
 
 __all__ = [
     "blocksparse_attn_func",
     "flash_attn_func",
     "flash_attn_varlen_func",
     "pad_input",
+    "ring_attn_func",
+    "shard_sequence",
     "sparsity",
     "unpad_input",
+    "unshard_sequence",
 ]
