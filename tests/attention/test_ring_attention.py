@@ -10,37 +10,15 @@ The kernels run under TRITON_INTERPRET=1 (fp32, fp16) and on the PyTorch CPU pat
 from __future__ import annotations
 
 import os
-import zlib
-from dataclasses import dataclass
 
 import pytest
 import torch
 import torch.distributed as dist
-from attention_testing import (
-    assert_matches_reference,
-    forward_backward,
-    random_qkv,
-    reference_results,
-)
-from ring_testing import ring_groups, run_ranks
+from attention_testing import random_qkv
+from ring_testing import Case, check_case, ring_groups, run_ranks
 
-from flashtrain.attention import ring_attn_func
 from flashtrain.attention.reference import attention_reference
 from flashtrain.attention.ring import _merge
-from flashtrain.attention.ring_layout import take_shard
-
-
-@dataclass(frozen=True)
-class Case:
-    layout: str
-    causal: bool
-    dtype: torch.dtype
-    heads: tuple[int, int]  # (Hq, Hkv)
-    local_len: int  # tokens per rank (even for zigzag)
-    path: str = "triton"  # FLASHTRAIN_CPU_ATTENTION: the interpreted kernels or the torch path
-    batch: int = 1
-    head_dim: int = 16
-
 
 # The default grid: every P sees both layouts, causal and not, on the PyTorch path, and the
 # interpreted kernels on both causal schedules in fp16 and fp32 (non-causal steps are the same
@@ -68,30 +46,6 @@ FULL = [
     for causal in (True, False)
     for heads in ((2, 2), (4, 1))
 ]
-
-
-def check_case(case: Case, group, rank: int, size: int) -> None:
-    """Run case.path's attention (set by the caller) on this rank's shard and check it."""
-    seq_len = case.local_len * size
-    torch.manual_seed(zlib.crc32(repr((case, size)).encode()))  # the same on every rank
-    q, k, v = random_qkv(case.batch, seq_len, seq_len, *case.heads, case.head_dim, case.dtype)
-    dout = torch.randn_like(q)
-    truth, low = reference_results(q, k, v, dout, causal=case.causal)
-
-    def local(x, dim=1):
-        return take_shard(x, dim, rank, size, case.layout)
-
-    def ring(a, b, c):
-        return ring_attn_func(
-            a, b, c, group=group, causal=case.causal, layout=case.layout, return_lse=True
-        )
-
-    got = forward_backward(ring, local(q), local(k), local(v), local(dout))
-    shard = lambda results: [local(x, dim=2 if i == 1 else 1) for i, x in enumerate(results)]
-    try:
-        assert_matches_reference(got, shard(truth), shard(low), case.dtype)
-    except AssertionError as error:
-        raise AssertionError(f"P={size} rank={rank} {case}: {error}") from None
 
 
 def attention_worker(rank: int, world_size: int, cases: list[Case]) -> None:
