@@ -9,6 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from flashtrain.train import main as flashtrain_main
+from flashtrain.train.entry import config_errors_explained
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -17,4 +18,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with config_errors_explained():
+        main()

@@ -5,7 +5,9 @@
     python scripts/prepare_data.py pathx num_samples=20000
     python scripts/prepare_data.py path/to/my_data.yaml key=value ...
 
-NAME is a file under configs/data/ (or a path to a data yaml); key=value pairs override its keys.
+NAME is an option of configs/data/, composed as train.py composes `data=NAME`; or a path to a
+standalone data yaml that names its `loader` (synthetic | lm_corpus | mlm | pathfinder |
+long_doc; see flashtrain/data/config.py). key=value pairs override the data config's keys.
 """
 
 from __future__ import annotations
@@ -17,17 +19,30 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "data"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def load_data_config(name: str, overrides: list[str]):
     path = Path(name)
-    if not path.suffix:
-        path = CONFIG_DIR / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
-        sys.exit(f"no data config '{name}' (looked for {path}); known: {known}")
-    return OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(overrides))
+    if path.suffix:  # a standalone yaml
+        if not path.is_file():
+            sys.exit(f"no data config file {path}")
+        cfg = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(overrides))
+        if "defaults" in cfg:
+            sys.exit(
+                f"{path} has a Hydra defaults list: put it under configs/data/ and pass its name, "
+                "or replace the list by `loader: <name>`"
+            )
+        return cfg
+    known = sorted(p.stem for p in (CONFIGS / "data").glob("*.yaml"))
+    if name not in known:
+        sys.exit(f"no data config '{name}' in {CONFIGS / 'data'}; known: {', '.join(known)}")
+    from hydra import compose, initialize_config_dir
+
+    import flashtrain.train  # noqa: F401  (registers the config schemas)
+
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=[f"data={name}", *(f"data.{o}" for o in overrides)]).data
 
 
 def main() -> None:
@@ -39,8 +54,15 @@ def main() -> None:
     args = parser.parse_args()
 
     from flashtrain.data import prepare_data
+    from flashtrain.data.config import data_config
+    from flashtrain.train.entry import config_errors_explained
+    from flashtrain.typed_config import ConfigError
 
-    cfg = load_data_config(args.name, args.overrides)
+    with config_errors_explained():
+        try:
+            cfg = data_config(load_data_config(args.name, args.overrides))
+        except ConfigError as e:
+            sys.exit(f"ConfigError: {e}")
     start = time.perf_counter()
     summary = prepare_data(cfg, progress=True)
     print(f"\n{cfg.name}: prepared in {time.perf_counter() - start:.1f} s")

@@ -1,11 +1,25 @@
-"""Test-wide setup: on machines without CUDA, run the Triton kernels through the interpreter.
+"""Test-wide setup.
 
-TRITON_INTERPRET must be set before triton is first imported, hence here at collection time.
+On machines without CUDA the Triton kernels run through the interpreter: TRITON_INTERPRET must be
+set before triton is first imported, hence here at collection time.
+
+Every test runs on one intra-op thread: the test shapes are tiny and gain nothing from more, and
+on a machine whose cores are shared, OpenMP's spinning worker threads make each small op many
+times slower.
 """
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def _one_cpu_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

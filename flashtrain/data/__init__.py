@@ -1,6 +1,6 @@
 """flashtrain.data: LM corpora and token caches, BERT MLM data, Pathfinder, synthetic tasks.
 
-    build_data(data_cfg, *, seq_len, micro_batch_size, seed, rank=0, world_size=1) -> DataModule
+    build_data(data_cfg, *, seq_len, micro_batch_size, seed, rank=0, world_size=1, eval_batches=None)
     prepare_data(data_cfg) -> summary of the caches made (scripts/prepare_data.py)
     flashtrain.data.pathfinder.generate_pathfinder(num, resolution=128, contour_length=14, seed=0)
 

@@ -1,34 +1,185 @@
-"""Data config helpers: the cache directory, required keys, vocab sizes."""
+"""The data configs: the schemas of configs/data/*.yaml, one dataclass per loader.
+
+`loader` picks the loader (synthetic | lm_corpus | mlm | pathfinder | long_doc) and so the
+dataclass; each YAML keeps only what differs from its defaults. Every config names the data
+(`name`: messages and cache folders) and says how many token ids it produces (`vocab_size`: the
+model's embedding, through ${data.vocab_size}); classification data also its `num_classes`.
+How much is evaluated is the trainer's `trainer.eval_batches` (build_data's eval_batches).
+
+    cfg = data_config({"loader": "lm_corpus", "data_files": "corpus/*.txt"})   # or a DictConfig
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from flashtrain.data.tokenization import TOKENIZER_KINDS
+from flashtrain.typed_config import check_choice, typed_group
 
 DEFAULT_CACHE_ROOT = "data_cache"  # relative to the working directory; FLASHTRAIN_DATA overrides
 
 
-def cache_root(cfg: dict) -> Path:
+@dataclass
+class DataConfig:
+    loader: str = ""  # the key of DATA_CONFIGS
+    name: str = ""  # the data's name: messages, cache folder names
+
+
+@dataclass
+class SyntheticConfig(DataConfig):
+    """Associative recall generated from the seed (flashtrain/data/synthetic.py); nothing cached."""
+
+    loader: str = "synthetic"
+    name: str = "synthetic"
+    num_keys: int = 128  # keys recur every ~num_keys pairs
+    num_values: int = 128
+    vocab_size: int = 256  # >= num_keys + num_values (ids above those never occur)
+    loss_on: str = "values"  # values: score only value positions (next keys are noise) | all
+
+    def __post_init__(self):
+        check_choice(self.loss_on, ("values", "all"), "data.loss_on")
+        needed = self.num_keys + self.num_values
+        if self.vocab_size < needed:
+            raise ValueError(
+                f"synthetic data needs vocab_size >= num_keys + num_values = {needed}, "
+                f"got {self.vocab_size}"
+            )
+
+
+@dataclass
+class CachedDataConfig(DataConfig):
+    cache_dir: str | None = None  # token caches, images; None: $FLASHTRAIN_DATA, else ./data_cache
+
+
+@dataclass
+class CorpusConfig(CachedDataConfig):
+    """A text source (local files or a Hugging Face hub dataset) and its tokenizer."""
+
+    data_files: Any = None  # local .txt / .jsonl / .json / .parquet / .csv path(s), globs allowed
+    val_files: Any = None  # their own validation files; else val_fraction of the documents
+    hub_name: str | None = None  # or a Hugging Face dataset
+    hub_config: str | None = None
+    train_split: str = "train"
+    val_split: str | None = None  # the hub's validation split; None: carve val_fraction
+    val_fraction: float = 0.01
+    split_seed: int = 1234
+    text_field: str = "text"  # the column with the text (jsonl / parquet / csv)
+    sample_by: str = "document"  # .txt files: document (a file) | paragraph | line
+    tokenizer: str = "byte"  # byte (no files) | gpt2 | wordpiece
+    tokenizer_path: str | None = None  # vocabulary folder or file (gpt2 / wordpiece)
+    tokenizer_name: str = "bert-base-uncased"  # wordpiece: folder under <cache_dir>/tokenizers/
+    lowercase: bool = True  # wordpiece
+    vocab_size: int = 258  # the tokenizer's id count (byte: 256 bytes + <eos> + <pad>)
+    num_proc: int | None = None  # tokenization processes
+
+    def __post_init__(self):
+        check_choice(self.tokenizer, TOKENIZER_KINDS, "data.tokenizer")
+        check_choice(self.sample_by, ("document", "paragraph", "line"), "data.sample_by")
+
+
+@dataclass
+class LMCorpusConfig(CorpusConfig):
+    """Language-model windows from a token cache, or streamed (flashtrain/data/lm*.py)."""
+
+    loader: str = "lm_corpus"
+    name: str = "corpus"
+    eos_policy: str = "append"  # append: <eos> after every document | none
+    streaming: bool = False  # true: read + tokenize on the fly (corpora larger than the disk)
+    shuffle_buffer: int = 10000  # streaming: documents in the seeded shuffle buffer
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.eos_policy, ("append", "none"), "data.eos_policy")
+
+
+@dataclass
+class MLMConfig(CorpusConfig):
+    """BERT masked-LM sequence pairs from a WordPiece token cache (flashtrain/data/mlm.py)."""
+
+    loader: str = "mlm"
+    name: str = "bert_mlm"
+    tokenizer: str = "wordpiece"
+    vocab_size: int = 30522
+    preset: str = "default"  # default | mlperf (see mlm.PRESETS)
+    mask_prob: float = 0.15
+    max_predictions_per_seq: int | None = None
+    short_seq_prob: float = 0.1
+    dynamic_masking: bool = True  # a new mask every epoch (RoBERTa); false: one fixed mask
+
+
+@dataclass
+class LongDocConfig(CorpusConfig):
+    """Long-document classification records (flashtrain/data/long_doc.py)."""
+
+    loader: str = "long_doc"
+    name: str = "long_doc"
+    val_fraction: float = 0.1
+    label_field: str = "label"
+    labels: list[str] | None = None  # class names in id order; None: integers, or sorted names
+    num_classes: int = 2
+    mode: str = "truncate"  # truncate | chunk (every chunk carries the document's label)
+    max_chunks_per_doc: int = 8
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.mode, ("truncate", "chunk"), "data.mode")
+
+
+@dataclass
+class PathfinderConfig(CachedDataConfig):
+    """Pathfinder images generated once and cached (flashtrain/data/pathfinder*.py)."""
+
+    loader: str = "pathfinder"
+    name: str = "pathfinder"
+    resolution: int = 128  # 32 | 64 | 128 (Path-X) | 256 (Path-256); seq_len = resolution**2
+    contour_length: int = 14  # LRA difficulty: 6 (easy), 9, 14 (hard)
+    num_samples: int = 200_000  # LRA used 200K images per difficulty
+    generator_seed: int = 0
+    num_workers: int | None = None  # generator processes (None = all cores)
+    vocab_size: int = 256  # pixel intensities
+    num_classes: int = 2  # the two markers on one contour or not
+
+    def __post_init__(self):
+        if (self.vocab_size, self.num_classes) != (256, 2):
+            raise ValueError(
+                "Pathfinder images have 256 pixel values and 2 classes: data.vocab_size=256, "
+                f"data.num_classes=2; got {self.vocab_size}, {self.num_classes}"
+            )
+
+
+DATA_CONFIGS: dict[str, type[DataConfig]] = {
+    cls.loader: cls
+    for cls in (SyntheticConfig, LMCorpusConfig, MLMConfig, LongDocConfig, PathfinderConfig)
+}
+
+
+def data_config(cfg: Any) -> DataConfig:
+    """The config of the loader `cfg.loader` names, from an instance or a mapping."""
+    return typed_group(cfg, DATA_CONFIGS, key="loader", what="data")
+
+
+def cache_root(cfg: CachedDataConfig) -> Path:
     """The configured cache directory (`cache_dir`), else $FLASHTRAIN_DATA, else ./data_cache."""
-    root = cfg.get("cache_dir") or os.environ.get("FLASHTRAIN_DATA") or DEFAULT_CACHE_ROOT
+    root = cfg.cache_dir or os.environ.get("FLASHTRAIN_DATA") or DEFAULT_CACHE_ROOT
     return Path(root).expanduser()
 
 
-def require(cfg: dict, key: str, what: str) -> Any:
-    if cfg.get(key) is None:
-        raise ValueError(f"data config '{cfg.get('name', '?')}' needs `{key}`: {what}")
-    return cfg[key]
+def require(cfg: DataConfig, key: str, what: str) -> Any:
+    if getattr(cfg, key) is None:
+        raise ValueError(f"data config '{cfg.name}' needs `{key}`: {what}")
+    return getattr(cfg, key)
 
 
-def check_vocab_size(cfg: dict, needed: int, tokenizer_name: str) -> int:
-    """The configured vocab_size (may exceed the tokenizer's for GPU-friendly padding)."""
-    size = cfg.get("vocab_size")
-    if size is None:
-        return needed
-    if int(size) < needed:
+def check_vocab_size(cfg: CorpusConfig, tokenizer_ids: int, tokenizer_name: str) -> int:
+    """data.vocab_size, which must be the tokenizer's id count (padding the embedding for speed is
+    the model's pad_vocab_multiple, whose rows the loss ignores)."""
+    if cfg.vocab_size != tokenizer_ids:
         raise ValueError(
-            f"data.vocab_size={size} is smaller than the {needed} ids of tokenizer "
-            f"'{tokenizer_name}'; set data.vocab_size >= {needed}"
+            f"data.vocab_size={cfg.vocab_size} but tokenizer '{tokenizer_name}' has "
+            f"{tokenizer_ids} ids; set data.vocab_size={tokenizer_ids} (to round the embedding "
+            f"up for speed, set model.pad_vocab_multiple, e.g. 64)"
         )
-    return int(size)
+    return cfg.vocab_size

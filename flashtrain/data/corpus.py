@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flashtrain.data.config import cache_root
+from flashtrain.data.config import CorpusConfig, cache_root
 from flashtrain.data.files import describe_missing, exclusive_lock
 from flashtrain.data.token_cache import VERSION, open_token_file, write_token_file
 from flashtrain.data.tokenization import Tokenizer
@@ -59,22 +59,23 @@ def local_builder(files: list[str]) -> str:
     return builders.pop()
 
 
-def _hf_cache(cfg: dict) -> str:
+def _hf_cache(cfg: CorpusConfig) -> str:
     return str(cache_root(cfg) / "hf_datasets")
 
 
-def load_split(cfg: dict, split: str, *, streaming: bool = False):
+def load_split(cfg: CorpusConfig, split: str, *, streaming: bool = False):
     """A `datasets` Dataset (or IterableDataset) of one split of the configured source, or None
     when the source has no such split (the validation split is then carved from train)."""
     from datasets import load_dataset
 
-    if cfg.get("data_files"):
-        key = "data_files" if split == "train" else "val_files"
-        if not cfg.get(key):
+    require_source(cfg)
+    if cfg.data_files:
+        patterns = cfg.data_files if split == "train" else cfg.val_files
+        if not patterns:
             return None
-        files = resolve_local_files(cfg[key])
+        files = resolve_local_files(patterns)
         builder = local_builder(files)
-        extra = {"sample_by": cfg.get("sample_by", "document")} if builder == "text" else {}
+        extra = {"sample_by": cfg.sample_by} if builder == "text" else {}
         return load_dataset(
             builder,
             data_files={split: files},
@@ -83,31 +84,24 @@ def load_split(cfg: dict, split: str, *, streaming: bool = False):
             cache_dir=_hf_cache(cfg),
             **extra,
         )
-    if cfg.get("hub_name"):
-        name = cfg["hub_name"]
-        hub_split = cfg.get("train_split", "train") if split == "train" else cfg.get("val_split")
-        if hub_split is None:
-            return None
-        return load_dataset(
-            name,
-            cfg.get("hub_config"),
-            split=hub_split,
-            streaming=streaming,
-            cache_dir=_hf_cache(cfg),
-        )
-    require_source(cfg)
+    hub_split = cfg.train_split if split == "train" else cfg.val_split
+    if hub_split is None:
+        return None
+    return load_dataset(
+        cfg.hub_name, cfg.hub_config, split=hub_split, streaming=streaming, cache_dir=_hf_cache(cfg)
+    )
 
 
-def require_source(cfg: dict) -> None:
+def require_source(cfg: CorpusConfig) -> None:
     """Checked before any tokenizer or cache work, so a missing source is the first error named."""
-    if not cfg.get("data_files") and not cfg.get("hub_name"):
+    if not cfg.data_files and not cfg.hub_name:
         raise ValueError(
-            f"data config '{cfg.get('name')}' names no source: set data_files (local .txt/.jsonl/"
+            f"data config '{cfg.name}' names no source: set data_files (local .txt/.jsonl/"
             ".parquet/.csv files) or hub_name (a Hugging Face dataset)"
         )
 
 
-def train_val_splits(cfg: dict):
+def train_val_splits(cfg: CorpusConfig):
     """(train, validation) Datasets; validation carved deterministically when the source lacks it."""
     train = load_split(cfg, "train")
     val = load_split(cfg, "validation")
@@ -115,45 +109,44 @@ def train_val_splits(cfg: dict):
         return train, val
     if len(train) < 2:
         raise ValueError(f"corpus has {len(train)} document(s); need >= 2 to split off validation")
-    fraction = float(cfg.get("val_fraction", 0.01))
-    n_val = min(len(train) - 1, max(1, round(len(train) * fraction)))
-    parts = train.train_test_split(
-        test_size=n_val, seed=int(cfg.get("split_seed", 1234)), shuffle=True
-    )
+    n_val = min(len(train) - 1, max(1, round(len(train) * cfg.val_fraction)))
+    parts = train.train_test_split(test_size=n_val, seed=cfg.split_seed, shuffle=True)
     return parts["train"], parts["test"]
 
 
-def source_spec(cfg: dict, tokenizer: Tokenizer) -> dict:
+def source_spec(cfg: CorpusConfig, tokenizer: Tokenizer, eos_policy: str) -> dict:
     """Everything that decides the cache contents; its hash names the cache directory."""
-    if cfg.get("data_files"):
+    if cfg.data_files:
         files = {
             key: [
                 (f, os.path.getsize(f), os.stat(f).st_mtime_ns)
-                for f in resolve_local_files(cfg[key])
+                for f in resolve_local_files(getattr(cfg, key))
             ]
             for key in ("data_files", "val_files")
-            if cfg.get(key)
+            if getattr(cfg, key)
         }
-        source = {"local": files, "sample_by": cfg.get("sample_by", "document")}
+        source = {"local": files, "sample_by": cfg.sample_by}
     else:
-        source = {k: cfg.get(k) for k in ("hub_name", "hub_config", "train_split", "val_split")}
+        source = {
+            k: getattr(cfg, k) for k in ("hub_name", "hub_config", "train_split", "val_split")
+        }
     return {
         "source": source,
-        "text_field": cfg.get("text_field", "text"),
+        "text_field": cfg.text_field,
         "split": None
-        if cfg.get("val_files") or cfg.get("val_split")
-        else [float(cfg.get("val_fraction", 0.01)), int(cfg.get("split_seed", 1234))],
+        if cfg.val_files or cfg.val_split
+        else [float(cfg.val_fraction), int(cfg.split_seed)],
         "tokenizer": tokenizer.name,
-        "eos_policy": cfg.get("eos_policy", "append"),
+        "eos_policy": eos_policy,
         "cache_version": VERSION,
     }
 
 
-def corpus_cache_dir(cfg: dict, tokenizer: Tokenizer) -> Path:
+def corpus_cache_dir(cfg: CorpusConfig, tokenizer: Tokenizer, eos_policy: str) -> Path:
     """<cache_dir>/tokens/<name>-<tokenizer>-eos_<policy>-<hash of the source spec>."""
-    spec = source_spec(cfg, tokenizer)
+    spec = source_spec(cfg, tokenizer, eos_policy)
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
-    slug = f"{cfg.get('name', 'corpus')}-{tokenizer.name}-eos_{spec['eos_policy']}-{digest}"
+    slug = f"{cfg.name}-{tokenizer.name}-eos_{eos_policy}-{digest}"
     return cache_root(cfg) / "tokens" / slug
 
 
@@ -193,11 +186,13 @@ def _arrow_chunks(tokenized, batch_size: int = 4096):
         yield column.flatten().to_numpy(), column.value_lengths().to_numpy()
 
 
-def prepare_corpus(cfg: dict, tokenizer: Tokenizer, *, progress: bool = True) -> dict[str, Path]:
+def prepare_corpus(
+    cfg: CorpusConfig, tokenizer: Tokenizer, *, eos_policy: str, progress: bool = True
+) -> dict[str, Path]:
     """Build (or verify) the token cache of both splits; returns {split: path}. Safe to call from
-    every rank at once: one prepares under a lock, the others then find the finished files."""
-    directory = corpus_cache_dir(cfg, tokenizer)
-    eos_policy = cfg.get("eos_policy", "append")
+    every rank at once: one prepares under a lock, the others then find the finished files.
+    eos_policy: append (<eos> after every document) | none."""
+    directory = corpus_cache_dir(cfg, tokenizer, eos_policy)
     if eos_policy == "append" and tokenizer.eos_id is None:
         raise ValueError(f"tokenizer '{tokenizer.name}' has no EOS token; set data.eos_policy=none")
     paths = {split: directory / f"{split}.bin" for split in SPLITS}
@@ -207,16 +202,16 @@ def prepare_corpus(cfg: dict, tokenizer: Tokenizer, *, progress: bool = True) ->
                 open_token_file(p, tokenizer=tokenizer.name, eos_policy=eos_policy)
             return paths
         directory.mkdir(parents=True, exist_ok=True)
-        spec = source_spec(cfg, tokenizer)
+        spec = source_spec(cfg, tokenizer, eos_policy)
         (directory / "spec.json").write_text(json.dumps(spec, indent=1, sort_keys=True))
         splits = dict(zip(SPLITS, train_val_splits(cfg)))
         for split, dataset in splits.items():
             tokenized = tokenize(
                 dataset,
                 tokenizer,
-                text_field=cfg.get("text_field", "text"),
+                text_field=cfg.text_field,
                 eos_policy=eos_policy,
-                num_proc=cfg.get("num_proc"),
+                num_proc=cfg.num_proc,
             )
             lengths = np.asarray(tokenized["length"], dtype=np.int64)
             write_token_file(
@@ -234,11 +229,17 @@ def prepare_corpus(cfg: dict, tokenizer: Tokenizer, *, progress: bool = True) ->
     return paths
 
 
-def open_corpus(cfg: dict, tokenizer: Tokenizer, *, progress: bool = True):
+def open_corpus(cfg: CorpusConfig, tokenizer: Tokenizer, *, eos_policy: str, progress: bool = True):
     """{split: TokenFile}, preparing the cache first if needed."""
-    paths = prepare_corpus(cfg, tokenizer, progress=progress)
-    eos_policy = cfg.get("eos_policy", "append")
+    paths = prepare_corpus(cfg, tokenizer, eos_policy=eos_policy, progress=progress)
     return {
         s: open_token_file(p, tokenizer=tokenizer.name, eos_policy=eos_policy)
         for s, p in paths.items()
     }
+
+
+def prepared_summary(files: dict, tokenizer: Tokenizer) -> dict:
+    """What prepare_data reports for a token cache: tokens and documents per split, where."""
+    summary = {f"{split}_tokens": f.num_tokens for split, f in files.items()}
+    summary |= {f"{split}_documents": f.num_docs for split, f in files.items()}
+    return summary | {"tokenizer": tokenizer.name, "cache": str(files["train"].path.parent)}

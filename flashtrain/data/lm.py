@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flashtrain.data.config import cache_root, check_vocab_size
-from flashtrain.data.corpus import open_corpus
-from flashtrain.data.module import EvalBatches, SampledDataModule, eval_items
+from flashtrain.data.config import LMCorpusConfig, cache_root, check_vocab_size
+from flashtrain.data.corpus import open_corpus, prepared_summary
+from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
 from flashtrain.data.sampling import EpochSampler, epoch_rng
 from flashtrain.data.tokenization import build_tokenizer
 
@@ -31,12 +31,7 @@ def gather_windows(tokens: np.ndarray, starts: np.ndarray, window: int) -> np.nd
 
 
 def fixed_windows(
-    tokens,
-    window: int,
-    micro_batch_size: int,
-    rank: int,
-    world_size: int,
-    max_batches: int | None = None,
+    tokens, window: int, micro_batch_size: int, rank: int, world_size: int, max_batches: int | None
 ) -> EvalBatches:
     """Finite, re-iterable LM batches over the disjoint windows from the start of `tokens`,
     dealt to ranks (same count each); max_batches caps the batches per rank."""
@@ -58,29 +53,34 @@ class TokenCacheLM(SampledDataModule):
     task = "lm"
     num_classes = None
 
-    def __init__(self, cfg: dict, *, seq_len, micro_batch_size, seed, rank=0, world_size=1):
+    def __init__(self, cfg: LMCorpusConfig, run: DataRun):
+        super().__init__(run)
         self.tokenizer = build_tokenizer(cfg, cache_root(cfg))
         self.vocab_size = check_vocab_size(cfg, self.tokenizer.vocab_size, self.tokenizer.name)
         self.eos_id = self.tokenizer.eos_id
-        self.splits = open_corpus(cfg, self.tokenizer, progress=rank == 0)
+        self.splits = open_corpus(
+            cfg, self.tokenizer, eos_policy=cfg.eos_policy, progress=self.rank == 0
+        )
         self.train_tokens = self.splits["train"].tokens
-        self.window = seq_len + 1
-        self.micro_batch_size = micro_batch_size
-        self.seed = seed
-        self.max_val_batches = cfg.get("val_max_batches")
-        self.rank, self.world_size = rank, world_size
+        self.window = self.seq_len + 1
         self._shifts: dict[int, int] = {}
-        if len(self.train_tokens) < self.window * world_size:
+        if len(self.train_tokens) < self.window * self.world_size:
             raise ValueError(
-                f"training split has {len(self.train_tokens)} tokens: too few for {world_size} "
-                f"rank(s) x one window of seq_len + 1 = {self.window}"
+                f"training split has {len(self.train_tokens)} tokens: too few for "
+                f"{self.world_size} rank(s) x one window of seq_len + 1 = {self.window}"
             )
         self.sampler = EpochSampler(
             lambda epoch: (len(self.train_tokens) - self.shift(epoch)) // self.window,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
+            seed=self.seed,
+            rank=self.rank,
+            world_size=self.world_size,
         )
+
+    @classmethod
+    def prepare(cls, cfg: LMCorpusConfig, *, progress: bool = True) -> dict:
+        tokenizer = build_tokenizer(cfg, cache_root(cfg))
+        files = open_corpus(cfg, tokenizer, eos_policy=cfg.eos_policy, progress=progress)
+        return prepared_summary(files, tokenizer)
 
     def shift(self, epoch: int) -> int:
         """Where epoch's first window starts: random in [0, window) when the data allows."""
@@ -102,5 +102,5 @@ class TokenCacheLM(SampledDataModule):
             self.micro_batch_size,
             self.rank,
             self.world_size,
-            self.max_val_batches,
+            self.eval_batches,
         )

@@ -4,16 +4,22 @@ Documents are read lazily with `datasets` streaming, split across ranks (split_d
 optionally shuffled through a seeded buffer, tokenized on the fly, joined with EOS and cut into
 windows of seq_len + 1 tokens. The position is (epoch, documents read by this rank, tokens read
 but not yet emitted), so resuming replays the same seeded stream to exactly that point.
+
+Validation is the source's own split; without one, the first documents of the training source
+are held out, as many as eval_batches validation batches on every rank take.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
-from flashtrain.data.config import cache_root, check_vocab_size
+from flashtrain.data.config import LMCorpusConfig, cache_root, check_vocab_size
 from flashtrain.data.corpus import load_split
 from flashtrain.data.lm import fixed_windows, lm_batch
-from flashtrain.data.module import DataModule
+from flashtrain.data.module import DataModule, DataRun
+from flashtrain.data.sampling import check_same_stream
 from flashtrain.data.tokenization import build_tokenizer
 
 _DOCS_PER_READ = 64  # documents tokenized together
@@ -23,41 +29,72 @@ class StreamingLM(DataModule):
     task = "lm"
     num_classes = None
 
-    def __init__(self, cfg: dict, *, seq_len, micro_batch_size, seed, rank=0, world_size=1):
+    def __init__(self, cfg: LMCorpusConfig, run: DataRun):
+        super().__init__(run)
         self.cfg = cfg
         self.tokenizer = build_tokenizer(cfg, cache_root(cfg))
         if self.tokenizer.eos_id is None:
             raise ValueError(f"tokenizer '{self.tokenizer.name}' has no EOS to join documents with")
         self.vocab_size = check_vocab_size(cfg, self.tokenizer.vocab_size, self.tokenizer.name)
         self.eos_id = self.tokenizer.eos_id
-        self.text_field = cfg.get("text_field", "text")
-        self.window, self.micro_batch_size = seq_len + 1, micro_batch_size
-        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.window = self.seq_len + 1
         self.has_val_split = load_split(cfg, "validation", streaming=True) is not None
-        self.val_docs = int(cfg.get("val_docs", 1000))
+        if not self.has_val_split and self.eval_batches is None:
+            raise ValueError(
+                f"'{cfg.name}' has no validation split, so its first documents are held out, as "
+                "many as the evaluation takes: set trainer.eval_batches to a number"
+            )
         self.epoch, self.docs_read = 0, 0
         self.pending = np.empty(0, dtype=np.int64)  # tokens read but not yet emitted
+        self._held_out: tuple[int, np.ndarray] | None = None
         self._val = None
 
+    def held_out(self) -> tuple[int, np.ndarray]:
+        """(documents, their tokens) held out from the start of the training source: whole
+        documents until they fill eval_batches batches on every rank."""
+        if self._held_out is None:
+            needed = self.eval_batches * self.micro_batch_size * self.world_size * self.window
+            docs = iter(load_split(self.cfg, "train", streaming=True))
+            pieces: list[np.ndarray] = []
+            total = 0
+            while total < needed:
+                group = list(itertools.islice(docs, _DOCS_PER_READ))
+                if not group:
+                    raise ValueError(
+                        f"'{self.cfg.name}' holds fewer than the {needed} tokens that "
+                        f"trainer.eval_batches={self.eval_batches} validation batches take"
+                    )
+                for ids in self._encode_each(group):
+                    pieces.append(ids)
+                    total += len(ids)
+                    if total >= needed:
+                        break
+            self._held_out = (len(pieces), np.concatenate(pieces))
+        return self._held_out
+
     def _documents(self, epoch: int):
-        """This rank's document stream for `epoch` (the validation documents left out)."""
+        """This rank's document stream for `epoch` (the held-out documents left out)."""
         from datasets.distributed import split_dataset_by_node
 
         stream = load_split(self.cfg, "train", streaming=True)
         if not self.has_val_split:
-            stream = stream.skip(self.val_docs)
-        buffer = int(self.cfg.get("shuffle_buffer", 10_000))
+            stream = stream.skip(self.held_out()[0])
+        buffer = self.cfg.shuffle_buffer
         if buffer > 0:
             stream = stream.shuffle(seed=self.seed, buffer_size=buffer)
             stream.set_epoch(epoch)
         return split_dataset_by_node(stream, rank=self.rank, world_size=self.world_size)
 
+    def _encode_each(self, docs: list[dict]) -> list[np.ndarray]:
+        """Per document: its ids followed by EOS (int64); empty documents give no tokens."""
+        field = self.cfg.text_field
+        texts = [d[field] if d[field] and d[field].strip() else "" for d in docs]
+        encoded = iter(self.tokenizer.encode_batch([t for t in texts if t]))
+        empty = np.empty(0, dtype=np.int64)
+        return [np.asarray(next(encoded) + [self.eos_id], np.int64) if t else empty for t in texts]
+
     def _encode(self, docs: list[dict]) -> np.ndarray:
-        texts = [
-            d[self.text_field] for d in docs if d[self.text_field] and d[self.text_field].strip()
-        ]
-        ids = [tok + [self.eos_id] for tok in self.tokenizer.encode_batch(texts)]
-        return np.fromiter((t for doc in ids for t in doc), dtype=np.int64)
+        return np.concatenate([np.empty(0, dtype=np.int64), *self._encode_each(docs)])
 
     def train_batches(self):
         needed = self.micro_batch_size * self.window
@@ -82,19 +119,23 @@ class StreamingLM(DataModule):
     def val_batches(self):
         if self._val is None:
             if self.has_val_split:
-                docs = load_split(self.cfg, "validation", streaming=True)
+                tokens = self._encode(list(load_split(self.cfg, "validation", streaming=True)))
             else:
-                docs = load_split(self.cfg, "train", streaming=True).take(self.val_docs)
-            tokens = self._encode(list(docs))
+                tokens = self.held_out()[1]
             self._val = fixed_windows(
                 tokens,
                 self.window,
                 self.micro_batch_size,
                 self.rank,
                 self.world_size,
-                self.cfg.get("val_max_batches"),
+                self.eval_batches,
             )
         return self._val
+
+    @property
+    def held_out_docs(self) -> int:
+        """Documents the training stream skips (0 with a validation split)."""
+        return 0 if self.has_val_split else self.held_out()[0]
 
     def state_dict(self) -> dict:
         return {
@@ -103,14 +144,10 @@ class StreamingLM(DataModule):
             "pending": self.pending.tolist(),
             "seed": self.seed,
             "world_size": self.world_size,
+            "held_out_docs": self.held_out_docs,  # depends on trainer.eval_batches
         }
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("seed", "world_size"):
-            if state[key] != getattr(self, key):
-                raise ValueError(
-                    f"data state was saved with {key}={state[key]}, this run has "
-                    f"{getattr(self, key)}; the stream resumes exactly only with the same {key}"
-                )
+        check_same_stream(state, self, ("seed", "world_size", "held_out_docs"))
         self.epoch, self.docs_read = int(state["epoch"]), int(state["docs_read"])
         self.pending = np.asarray(state["pending"], dtype=np.int64)

@@ -12,13 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flashtrain.data.config import cache_root, check_vocab_size, require
+from flashtrain.data.config import LongDocConfig, cache_root, check_vocab_size, require
 from flashtrain.data.corpus import train_val_splits
-from flashtrain.data.module import EvalBatches, SampledDataModule, eval_items
+from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
 from flashtrain.data.sampling import EpochSampler
 from flashtrain.data.tokenization import build_tokenizer
-
-MODES = ("truncate", "chunk")
 
 
 def label_ids(values: list, names: list | None, num_classes: int) -> tuple[np.ndarray, list]:
@@ -46,8 +44,6 @@ def cut_examples(
     docs: list[list[int]], labels: np.ndarray, seq_len: int, mode: str, max_chunks: int
 ):
     """(token lists, labels) of the examples: truncated documents or their seq_len chunks."""
-    if mode not in MODES:
-        raise ValueError(f"long_doc mode must be one of {MODES}, got '{mode}'")
     examples, example_labels = [], []
     for ids, label in zip(docs, labels.tolist()):
         pieces = (
@@ -63,30 +59,36 @@ def cut_examples(
 class LongDocClassification(SampledDataModule):
     task = "classification"
 
-    def __init__(self, cfg: dict, *, seq_len, micro_batch_size, seed, rank=0, world_size=1):
+    def __init__(self, cfg: LongDocConfig, run: DataRun):
+        super().__init__(run)
         require(cfg, "data_files", "local .jsonl or .csv files with a text and a label field")
-        self.num_classes = int(require(cfg, "num_classes", "the number of document classes"))
+        self.num_classes = cfg.num_classes
         self.tok = build_tokenizer(cfg, cache_root(cfg))
         if self.tok.pad_id is None:
             raise ValueError(f"tokenizer '{self.tok.name}' has no padding token")
         self.vocab_size = check_vocab_size(cfg, self.tok.vocab_size, self.tok.name)
-        self.seq_len, self.micro_batch_size = seq_len, micro_batch_size
-        self.rank, self.world_size = rank, world_size
-        text_field, label_field = cfg.get("text_field", "text"), cfg.get("label_field", "label")
-        mode, max_chunks = cfg.get("mode", "truncate"), int(cfg.get("max_chunks_per_doc", 8))
-        self.examples, names = {}, cfg.get("labels")
+        self.examples, names = {}, cfg.labels
         for split, dataset in zip(("train", "validation"), train_val_splits(cfg)):
-            for field in (text_field, label_field):
+            for field in (cfg.text_field, cfg.label_field):
                 if field not in dataset.column_names:
                     raise KeyError(f"records have no '{field}' field (have {dataset.column_names})")
-            ids, names = label_ids(dataset[label_field], names, self.num_classes)
-            docs = self.tok.encode_batch([str(t) for t in dataset[text_field]])
-            self.examples[split] = cut_examples(docs, ids, seq_len, mode, max_chunks)
+            ids, names = label_ids(dataset[cfg.label_field], names, self.num_classes)
+            docs = self.tok.encode_batch([str(t) for t in dataset[cfg.text_field]])
+            self.examples[split] = cut_examples(
+                docs, ids, self.seq_len, cfg.mode, cfg.max_chunks_per_doc
+            )
         self.class_names = names
-        self.max_val_batches = cfg.get("val_max_batches")
         self.sampler = EpochSampler(
-            len(self.examples["train"][1]), seed=seed, rank=rank, world_size=world_size
+            len(self.examples["train"][1]),
+            seed=self.seed,
+            rank=self.rank,
+            world_size=self.world_size,
         )
+
+    @classmethod
+    def prepare(cls, cfg: LongDocConfig, *, progress: bool = True) -> dict:
+        train, val = train_val_splits(cfg)
+        return {"train_documents": len(train), "validation_documents": len(val)}
 
     def batch(self, split: str, items) -> dict[str, torch.Tensor]:
         tokens, labels = self.examples[split]
@@ -111,5 +113,5 @@ class LongDocClassification(SampledDataModule):
             lambda items: self.batch("validation", items),
             mine,
             self.micro_batch_size,
-            self.max_val_batches,
+            self.eval_batches,
         )

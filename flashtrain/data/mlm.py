@@ -14,13 +14,15 @@ masks (the MLPerf BERT-large reference settings).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
-from flashtrain.data.config import cache_root, check_vocab_size
-from flashtrain.data.corpus import open_corpus
+from flashtrain.data.config import MLMConfig, cache_root, check_vocab_size
+from flashtrain.data.corpus import open_corpus, prepared_summary
 from flashtrain.data.masking import mask_tokens
-from flashtrain.data.module import EvalBatches, SampledDataModule, eval_items
+from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
 from flashtrain.data.sampling import EpochSampler
 from flashtrain.data.tokenization import build_tokenizer
 
@@ -57,36 +59,47 @@ class MaskedLM(SampledDataModule):
     task = "mlm"
     num_classes = None
 
-    def __init__(self, cfg: dict, *, seq_len, micro_batch_size, seed, rank=0, world_size=1):
-        preset = cfg.get("preset", "default")
-        if preset not in PRESETS:
-            raise ValueError(f"unknown bert preset '{preset}'; allowed: {', '.join(PRESETS)}")
-        cfg = {**cfg, **PRESETS[preset]}
-        if cfg.get("seq_len") is not None and cfg["seq_len"] != seq_len:
-            raise ValueError(f"preset '{preset}' needs seq_len={cfg['seq_len']}, got {seq_len}")
+    def __init__(self, cfg: MLMConfig, run: DataRun):
+        super().__init__(run)
+        if cfg.preset not in PRESETS:
+            raise ValueError(f"unknown bert preset '{cfg.preset}'; allowed: {', '.join(PRESETS)}")
+        preset = dict(PRESETS[cfg.preset])
+        needed_seq_len = preset.pop("seq_len", None)
+        seq_len = self.seq_len
+        if needed_seq_len is not None and needed_seq_len != seq_len:
+            raise ValueError(f"preset '{cfg.preset}' needs seq_len={needed_seq_len}, got {seq_len}")
+        cfg = dataclasses.replace(cfg, **preset)
         if seq_len < 5:
             raise ValueError(f"seq_len must be >= 5 for [CLS] A [SEP] B [SEP], got {seq_len}")
-        self.tok = build_tokenizer({"tokenizer": "wordpiece", **cfg}, cache_root(cfg))
-        if self.tok.mask_id is None or self.tok.cls_id is None:
-            raise ValueError(
-                f"MLM needs a tokenizer with [CLS]/[SEP]/[MASK]/[PAD]; got '{self.tok.name}'"
-            )
+        self.tok = self.tokenizer(cfg)
         self.vocab_size = check_vocab_size(cfg, self.tok.vocab_size, self.tok.name)
-        self.splits = open_corpus({**cfg, "eos_policy": "none"}, self.tok, progress=rank == 0)
-        self.seq_len, self.micro_batch_size, self.seed = seq_len, micro_batch_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.mask_prob = float(cfg.get("mask_prob", 0.15))
-        self.max_predictions = cfg.get("max_predictions_per_seq")
-        self.short_seq_prob = float(cfg.get("short_seq_prob", 0.1))
-        self.dynamic = bool(cfg.get("dynamic_masking", True))
-        self.max_val_batches = cfg.get("val_max_batches")
+        self.splits = open_corpus(cfg, self.tok, eos_policy="none", progress=self.rank == 0)
+        self.mask_prob = cfg.mask_prob
+        self.max_predictions = cfg.max_predictions_per_seq
+        self.short_seq_prob = cfg.short_seq_prob
+        self.dynamic = cfg.dynamic_masking
         self.random_ids = np.setdiff1d(np.arange(self.tok.vocab_size), self.tok.special_ids)
         self.pieces = {
             split: document_pieces(tf.doc_starts, seq_len - 3) for split, tf in self.splits.items()
         }
         self.sampler = EpochSampler(
-            len(self.pieces["train"][0]), seed=seed, rank=rank, world_size=world_size
+            len(self.pieces["train"][0]), seed=self.seed, rank=self.rank, world_size=self.world_size
         )
+
+    @staticmethod
+    def tokenizer(cfg: MLMConfig):
+        tok = build_tokenizer(cfg, cache_root(cfg))
+        if tok.mask_id is None or tok.cls_id is None:
+            raise ValueError(
+                f"MLM needs a tokenizer with [CLS]/[SEP]/[MASK]/[PAD]; got '{tok.name}'"
+            )
+        return tok
+
+    @classmethod
+    def prepare(cls, cfg: MLMConfig, *, progress: bool = True) -> dict:
+        tokenizer = cls.tokenizer(cfg)
+        files = open_corpus(cfg, tokenizer, eos_policy="none", progress=progress)
+        return prepared_summary(files, tokenizer)
 
     def instance(self, split: str, piece: int, rng: np.random.Generator, shorten: bool):
         """(ids (T,), token_type_ids (T,), maskable (T,)) for one piece, padded to seq_len."""
@@ -142,5 +155,5 @@ class MaskedLM(SampledDataModule):
             ),
             mine,
             self.micro_batch_size,
-            self.max_val_batches,
+            self.eval_batches,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -12,20 +13,45 @@ TASKS = ("lm", "mlm", "classification")
 IGNORE_INDEX = -100  # label value the losses skip
 
 
+@dataclass(frozen=True)
+class DataRun:
+    """What the run, not the data config, decides for every loader (build_data's arguments)."""
+
+    seq_len: int
+    micro_batch_size: int
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+    eval_batches: int | None = None  # validation batches per rank (None: all there is)
+
+
 class DataModule:
     """What the trainer gets from build_data.
 
     task: "lm" | "mlm" | "classification"; vocab_size: int; num_classes: int or None.
     train_batches(): endless iterator of batches for this rank, continuing from the current
     stream position (one live iterator at a time: they share the position).
-    val_batches(): finite, identical on every call, a disjoint share per rank (same count).
+    val_batches(): finite, identical on every call, a disjoint share per rank (same count), at
+    most eval_batches batches per rank (None: all the validation data).
     state_dict() / load_state_dict(): the training stream position.
     loss_bounds(): None, or {what: loss in nats} that put a run's loss in context.
+    prepare(cfg): the one-off work (tokenizing, generating) before any run; what it made.
+
+    Constructed as cls(cfg, run): cfg the loader's dataclass from flashtrain.data.config, run a
+    DataRun, whose fields become attributes of the module.
     """
 
     task: str
     vocab_size: int
     num_classes: int | None = None
+
+    def __init__(self, run: DataRun):
+        self.seq_len, self.micro_batch_size, self.seed = run.seq_len, run.micro_batch_size, run.seed
+        self.rank, self.world_size, self.eval_batches = run.rank, run.world_size, run.eval_batches
+
+    @classmethod
+    def prepare(cls, cfg, *, progress: bool = True) -> dict:
+        return {"note": f"{cfg.name} is generated or read on the fly; nothing to prepare"}
 
     def train_batches(self) -> Iterator[dict[str, torch.Tensor]]:
         raise NotImplementedError
@@ -69,10 +95,10 @@ class EvalBatches:
     """A finite, re-iterable sequence of batches made on demand, identical on every pass.
 
     items: this rank's item ids in order; make(items) -> batch; batches of micro_batch_size
-    (the last one may be shorter), at most max_batches of them.
+    (the last one may be shorter), at most max_batches of them (None: all).
     """
 
-    def __init__(self, make, items, micro_batch_size: int, max_batches: int | None = None):
+    def __init__(self, make, items, micro_batch_size: int, max_batches: int | None):
         if max_batches is not None:
             items = items[: int(max_batches) * micro_batch_size]
         self.make, self.items, self.size = make, items, micro_batch_size

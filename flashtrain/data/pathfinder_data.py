@@ -16,19 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashtrain.data.config import cache_root
+from flashtrain.data.config import PathfinderConfig, cache_root
 from flashtrain.data.files import atomic_path, exclusive_lock
-from flashtrain.data.module import EvalBatches, SampledDataModule, eval_items
+from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
 from flashtrain.data.pathfinder import GENERATOR_VERSION, generate_pathfinder_into, settings_for
 from flashtrain.data.sampling import EpochSampler
 
 CLASS_NAMES = ["different", "same"]
-RESOLUTION_OF_NAME = {"pathfinder32": 32, "pathfinder64": 64, "pathx": 128, "path256": 256}
-
-
-def config_resolution(cfg: dict) -> int:
-    """`resolution`, else the one the config's name implies (pathx -> 128), else 128."""
-    return int(cfg.get("resolution") or RESOLUTION_OF_NAME.get(cfg.get("name"), 128))
 
 
 def pathfinder_cache_dir(
@@ -153,29 +147,36 @@ class PathfinderClassification(SampledDataModule):
     num_classes = 2
     vocab_size = 256
 
-    def __init__(self, cfg: dict, *, seq_len, micro_batch_size, seed, rank=0, world_size=1):
-        resolution = config_resolution(cfg)
-        if seq_len != resolution * resolution:
+    def __init__(self, cfg: PathfinderConfig, run: DataRun):
+        super().__init__(run)
+        size = cfg.resolution
+        if self.seq_len != size * size:
             raise ValueError(
-                f"{cfg.get('name', 'pathfinder')} images are {resolution}x{resolution} = "
-                f"{resolution * resolution} tokens; set seq_len={resolution * resolution} (got {seq_len})"
+                f"{cfg.name} images are {size}x{size} = {size * size} tokens; set "
+                f"seq_len={size * size} (got {self.seq_len})"
             )
         images, labels = load_or_generate(
-            cache_root(cfg),
-            resolution,
-            int(cfg.get("contour_length", 14)),
-            int(cfg.get("num_samples", 200_000)),
-            int(cfg.get("generator_seed", 0)),
-            num_workers=cfg.get("num_workers"),
-            progress=rank == 0,
+            *self.cache_args(cfg), num_workers=cfg.num_workers, progress=self.rank == 0
         )
         self.dataset = pathfinder_dataset(images, labels).with_format("numpy")
-        self.vocab_size = max(256, int(cfg.get("vocab_size", 256)))
-        self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
-        self.max_val_batches = cfg.get("val_max_batches")
         self.sampler = EpochSampler(
-            len(self.dataset["train"]), seed=seed, rank=rank, world_size=world_size
+            len(self.dataset["train"]), seed=self.seed, rank=self.rank, world_size=self.world_size
         )
+
+    @staticmethod
+    def cache_args(cfg: PathfinderConfig) -> tuple:
+        """load_or_generate's arguments: (root, resolution, contour_length, num, seed)."""
+        settings = (cfg.resolution, cfg.contour_length, cfg.num_samples, cfg.generator_seed)
+        return (cache_root(cfg), *settings)
+
+    @classmethod
+    def prepare(cls, cfg: PathfinderConfig, *, progress: bool = True) -> dict:
+        args = cls.cache_args(cfg)
+        images, _ = load_or_generate(*args, num_workers=cfg.num_workers, progress=progress)
+        summary = {
+            f"{split}_images": hi - lo for split, (lo, hi) in split_ranges(len(images)).items()
+        }
+        return summary | {"cache": str(pathfinder_cache_dir(*args))}
 
     def batch(self, split: str, items) -> dict[str, torch.Tensor]:
         rows = self.dataset[split][np.asarray(items).tolist()]
@@ -195,7 +196,7 @@ class PathfinderClassification(SampledDataModule):
             lambda items: self.batch(split, items),
             mine,
             self.micro_batch_size,
-            self.max_val_batches,
+            self.eval_batches,
         )
 
     def val_batches(self):

@@ -21,6 +21,17 @@ def rank_share(count: int, rank: int, world_size: int) -> np.ndarray:
     return rank + world_size * np.arange(per_rank, dtype=np.int64)
 
 
+def check_same_stream(state: dict, stream, keys=("seed", "world_size")) -> None:
+    """Refuse a saved stream position that `stream` cannot continue exactly (keys the state
+    lacks, saved by an older version, are not checked)."""
+    for key in keys:
+        if key in state and state[key] != getattr(stream, key):
+            raise ValueError(
+                f"data state was saved with {key}={state[key]}, this run has "
+                f"{getattr(stream, key)}; the stream resumes exactly only with the same {key}"
+            )
+
+
 def epoch_rng(seed: int, epoch: int, purpose: int = 0) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(epoch, purpose)))
 
@@ -91,11 +102,5 @@ class EpochSampler:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("seed", "world_size"):
-            if key in state and state[key] != getattr(self, key):
-                raise ValueError(
-                    f"data state was saved with {key}={state[key]} but this run has "
-                    f"{key}={getattr(self, key)}; the stream can only resume exactly with the same "
-                    f"{key}"
-                )
+        check_same_stream(state, self)
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])

@@ -19,7 +19,9 @@ import math
 import numpy as np
 import torch
 
-from flashtrain.data.module import IGNORE_INDEX, DataModule, EvalBatches, eval_items
+from flashtrain.data.config import SyntheticConfig
+from flashtrain.data.module import IGNORE_INDEX, DataModule, DataRun, EvalBatches, eval_items
+from flashtrain.data.sampling import check_same_stream
 
 TRAIN_STREAM, VAL_STREAM = 0, 1
 
@@ -48,23 +50,18 @@ class AssociativeRecall(DataModule):
     task = "lm"
     num_classes = None
 
-    def __init__(self, cfg: dict, *, seq_len, micro_batch_size, seed, rank=0, world_size=1):
-        self.num_keys = int(cfg.get("num_keys", 128))
-        self.num_values = int(cfg.get("num_values", 128))
-        needed = self.num_keys + self.num_values
-        self.vocab_size = int(cfg.get("vocab_size", needed))
-        if self.vocab_size < needed:
+    def __init__(self, cfg: SyntheticConfig, run: DataRun):
+        super().__init__(run)
+        if self.eval_batches is None:
             raise ValueError(
-                f"synthetic data needs vocab_size >= num_keys + num_values = {needed}, "
-                f"got {self.vocab_size}"
+                "synthetic validation data is generated, so it has no natural size: set "
+                "trainer.eval_batches (validation batches per rank) to a number"
             )
-        self.loss_on = cfg.get("loss_on", "values")
-        if self.loss_on not in ("values", "all"):
-            raise ValueError(f"loss_on must be 'values' or 'all', got '{self.loss_on}'")
-        self.val_sequences = int(cfg.get("val_sequences", 256))
-        self.val_items = eval_items(self.val_sequences, rank, world_size, "synthetic validation")
-        self.seq_len, self.micro_batch_size, self.seed = seq_len, micro_batch_size, seed
-        self.rank, self.world_size = rank, world_size
+        self.num_keys, self.num_values = cfg.num_keys, cfg.num_values
+        self.vocab_size, self.loss_on = cfg.vocab_size, cfg.loss_on
+        # Validation: eval_batches batches per rank, sequences numbered from 0 in their own stream.
+        count = self.eval_batches * self.micro_batch_size * self.world_size
+        self.val_items = eval_items(count, self.rank, self.world_size, "synthetic validation")
         self.step = 0
 
     def batch(self, stream: int, indices) -> dict[str, torch.Tensor]:
@@ -97,7 +94,7 @@ class AssociativeRecall(DataModule):
 
     def val_batches(self):
         return EvalBatches(
-            lambda items: self.batch(VAL_STREAM, items), self.val_items, self.micro_batch_size
+            lambda items: self.batch(VAL_STREAM, items), self.val_items, self.micro_batch_size, None
         )
 
     def optimal_loss(self) -> float:
@@ -115,10 +112,5 @@ class AssociativeRecall(DataModule):
         return {"step": self.step, "seed": self.seed, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("seed", "world_size"):
-            if state[key] != getattr(self, key):
-                raise ValueError(
-                    f"data state was saved with {key}={state[key]}, this run has "
-                    f"{getattr(self, key)}; the stream resumes exactly only with the same {key}"
-                )
+        check_same_stream(state, self)
         self.step = int(state["step"])

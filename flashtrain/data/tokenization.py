@@ -195,18 +195,12 @@ def load_wordpiece(
     )
 
 
-def build_tokenizer(cfg: dict, cache_root: Path) -> Tokenizer:
-    """The tokenizer named by cfg['tokenizer'] (byte | gpt2 | wordpiece)."""
-    kind = cfg.get("tokenizer", "byte")
-    if kind == "byte":
+def build_tokenizer(cfg, cache_root: Path) -> Tokenizer:
+    """The tokenizer a corpus config (data.config.CorpusConfig) names: byte | gpt2 | wordpiece."""
+    if cfg.tokenizer == "byte":
         return ByteTokenizer()
-    if kind == "gpt2":
-        return load_gpt2(cfg.get("tokenizer_path"), cache_root)
-    if kind == "wordpiece":
-        return load_wordpiece(
-            cfg.get("tokenizer_path"),
-            cache_root,
-            cfg.get("tokenizer_name", "bert-base-uncased"),
-            bool(cfg.get("lowercase", True)),
-        )
-    raise ValueError(f"unknown tokenizer '{kind}'; allowed: {', '.join(TOKENIZER_KINDS)}")
+    if cfg.tokenizer == "gpt2":
+        return load_gpt2(cfg.tokenizer_path, cache_root)
+    if cfg.tokenizer == "wordpiece":
+        return load_wordpiece(cfg.tokenizer_path, cache_root, cfg.tokenizer_name, cfg.lowercase)
+    raise ValueError(f"unknown tokenizer '{cfg.tokenizer}'; allowed: {', '.join(TOKENIZER_KINDS)}")

@@ -1,65 +1,62 @@
 """Models on the project's attention: GPT-2, BERT and a long-sequence classifier.
 
     from flashtrain.models import build_model
-    model = build_model(cfg.model, cfg.attention)     # DictConfig or dict
+    model = build_model(cfg.model, cfg.attention)     # configs or mappings (see config.py)
     out = model(**batch)                              # ModelOutput(loss, num_targets, correct, logits)
 
-configs/model/<name>.yaml: `arch` (gpt2 | bert | classifier) and that architecture's config fields
-(GPT2Config, BertConfig, ClassifierConfig); configs/attention/<name>.yaml: AttentionConfig
-(`impl`: flash | blocksparse | sdpa | reference, and a block-sparse pattern's parameters).
-See README.md beside this file for memory at long context.
+configs/model/<name>.yaml: a model config (config.py: GPT2Config, BertConfig, ClassifierConfig,
+picked by `arch`); configs/attention/<name>.yaml: an attention backend's config (attention.py,
+picked by `impl`: flash | blocksparse | sdpa | reference). See README.md beside this file for
+memory at long context.
 """
 
 from __future__ import annotations
 
-from torch import nn
+from typing import Any
 
-from flashtrain.config_dict import to_plain_dict
-from flashtrain.models.attention_impl import (
-    ATTENTION_IMPLS,
-    BLOCKSPARSE_PATTERNS,
+from flashtrain.models.attention import (
+    ATTENTION_BACKENDS,
+    Attention,
     AttentionConfig,
     AttentionContext,
-    AttentionOp,
+    attention_config,
+    build_attention,
 )
-from flashtrain.models.bert import Bert, BertConfig
-from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier
-from flashtrain.models.gpt2 import GPT2, GPT2Config
-from flashtrain.models.loss import linear_cross_entropy
-from flashtrain.models.transformer import (
-    Block,
-    ModelOutput,
+from flashtrain.models.bert import Bert
+from flashtrain.models.classifier import SequenceClassifier
+from flashtrain.models.config import (
+    BertConfig,
+    ClassifierConfig,
+    GPT2Config,
     TransformerConfig,
-    TransformerModel,
-    resize_positions,
+    model_config,
 )
+from flashtrain.models.gpt2 import GPT2
+from flashtrain.models.loss import linear_cross_entropy
+from flashtrain.models.positions import resize_positions
+from flashtrain.models.transformer import Block, ModelOutput, TransformerModel
 
-ARCHS = {
-    "gpt2": (GPT2Config, GPT2),
-    "bert": (BertConfig, Bert),
-    "classifier": (ClassifierConfig, SequenceClassifier),
+ARCHS: dict[str, type[TransformerModel]] = {
+    "gpt2": GPT2,
+    "bert": Bert,
+    "classifier": SequenceClassifier,
 }
 
 
-def build_model(model_cfg, attention_cfg) -> nn.Module:
-    """configs/model/<name>.yaml + configs/attention/<name>.yaml -> the model (on the default
-    device; wrap in `with torch.device("meta"):` to build without allocating)."""
-    d = to_plain_dict(model_cfg, what="model config")
-    arch = d.get("arch")
-    if arch not in ARCHS:
-        raise ValueError(f"unknown model arch {arch!r}; allowed: {', '.join(ARCHS)}")
-    config_cls, model_cls = ARCHS[arch]
-    attention = AttentionConfig.from_any(attention_cfg)
-    return model_cls(config_cls.from_any(d), attention)
+def build_model(model_cfg: Any, attention_cfg: Any) -> TransformerModel:
+    """A model config + an attention config -> the model (on the default device; wrap in
+    `with torch.device("meta"):` to build without allocating). Each config may be its dataclass
+    or a mapping (a DictConfig, a dict; the attention also just an impl name)."""
+    cfg = model_config(model_cfg)
+    return ARCHS[cfg.arch](cfg, attention_cfg)
 
 
 __all__ = [
     "ARCHS",
-    "ATTENTION_IMPLS",
-    "BLOCKSPARSE_PATTERNS",
+    "ATTENTION_BACKENDS",
+    "Attention",
     "AttentionConfig",
     "AttentionContext",
-    "AttentionOp",
     "Bert",
     "BertConfig",
     "Block",
@@ -70,7 +67,10 @@ __all__ = [
     "SequenceClassifier",
     "TransformerConfig",
     "TransformerModel",
+    "attention_config",
+    "build_attention",
     "build_model",
     "linear_cross_entropy",
+    "model_config",
     "resize_positions",
 ]

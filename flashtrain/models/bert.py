@@ -19,58 +19,13 @@ zero at padded positions in every case, so changing a padded token changes nothi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from flashtrain.models.attention_impl import AttentionConfig, AttentionOp
+from flashtrain.models.config import BertConfig
 from flashtrain.models.loss import classification_loss, token_loss
-from flashtrain.models.transformer import (
-    Block,
-    ModelOutput,
-    TransformerConfig,
-    TransformerModel,
-    check_seq_len,
-    normal_init_,
-)
-
-BERT_HEADS = ("mlm", "classification")
-
-
-@dataclass
-class BertConfig(TransformerConfig):
-    n_layer: int = 12
-    n_head: int = 12
-    d_model: int = 768
-    d_ff: int | None = 3072
-    max_seq_len: int = 512
-    vocab_size: int = 30522
-    type_vocab_size: int = 2
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
-    layer_norm_eps: float = 1e-12
-    activation: str = "gelu"
-    head: str = "mlm"  # mlm | classification
-    num_classes: int | None = None  # classification head only
-    pad_vocab_multiple: int = 1
-    loss_chunk_size: int = 2048
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.head not in BERT_HEADS:
-            raise ValueError(f"model.head={self.head!r}; allowed: {', '.join(BERT_HEADS)}")
-        if self.head == "classification" and (self.num_classes is None or self.num_classes < 2):
-            raise ValueError(
-                f"model.head=classification needs model.num_classes >= 2, got {self.num_classes!r}"
-            )
-        if self.type_vocab_size < 1 or self.pad_vocab_multiple < 1:
-            raise ValueError("model.type_vocab_size and model.pad_vocab_multiple must be >= 1")
-
-    @property
-    def padded_vocab_size(self) -> int:
-        m = self.pad_vocab_multiple
-        return (self.vocab_size + m - 1) // m * m
+from flashtrain.models.positions import check_seq_len
+from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_init_
 
 
 class Bert(TransformerModel):
@@ -79,20 +34,14 @@ class Bert(TransformerModel):
     causal = False
     position_tables = {"position_embeddings.weight": "1d"}
 
-    def __init__(self, config: BertConfig, attention: AttentionConfig | dict | str = "flash"):
-        super().__init__()
-        self.config = config
-        self.attn_op = AttentionOp(AttentionConfig.from_any(attention))
-        config.check_attention(self.attn_op)
+    def __init__(self, config: BertConfig, attention="flash"):
+        super().__init__(config, attention)
         c = config.d_model
         self.word_embeddings = nn.Embedding(config.padded_vocab_size, c)
         self.position_embeddings = nn.Embedding(config.max_seq_len, c)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, c)
         self.emb_ln = nn.LayerNorm(c, eps=config.layer_norm_eps)
-        self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(
-            [Block(config, self.attn_op, norm="post") for _ in range(config.n_layer)]
-        )
+        self.add_blocks(norm="post")
         if config.head == "mlm":
             self.mlm_dense = nn.Linear(c, c)
             self.mlm_act = nn.GELU()
@@ -102,7 +51,7 @@ class Bert(TransformerModel):
             self.pooler = nn.Linear(c, c)
             self.cls_drop = nn.Dropout(config.dropout)
             self.classifier = nn.Linear(c, config.num_classes)
-        self._finish_init()
+        self.finish_init()
 
     def init_weights(self) -> None:
         normal_init_(self, std=0.02)
@@ -128,7 +77,7 @@ class Bert(TransformerModel):
         x = x + self.token_type_embeddings(token_type_ids)
         x = self.drop(self.emb_ln(x))
         # flash: the real tokens packed as (N, C); otherwise (B, T, C) with a key-padding mask
-        x, ctx, restore = self.pack_padded(x, attention_mask, dict(causal=False))
+        x, ctx, restore = self.pack_padded(x, attention_mask, causal=False)
         x = self.run_blocks(x, ctx)
         return restore(x)  # (B, T, C)
 

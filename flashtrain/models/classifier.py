@@ -13,82 +13,23 @@ Pre-LayerNorm by default (norm="post" as in the LRA baselines is an option).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from flashtrain.models.attention_impl import AttentionConfig, AttentionOp
+from flashtrain.models.config import ClassifierConfig
 from flashtrain.models.loss import classification_loss
-from flashtrain.models.transformer import (
-    Block,
-    ModelOutput,
-    TransformerConfig,
-    TransformerModel,
-    check_seq_len,
-    normal_init_,
-)
-
-CLASSIFIER_POSITIONS = ("1d", "2d")
-CLASSIFIER_POOLING = ("mean", "cls")
-CLASSIFIER_NORMS = ("pre", "post")
-
-
-@dataclass
-class ClassifierConfig(TransformerConfig):
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 128
-    d_ff: int | None = 256
-    max_seq_len: int = 1024
-    vocab_size: int = 256  # pixel intensities
-    num_classes: int = 2
-    position: str = "2d"  # 2d | 1d
-    pooling: str = "mean"  # mean | cls
-    norm: str = "pre"  # pre | post
-    causal: bool = False
-    dropout: float = 0.1
-    attn_dropout: float = 0.0
-    activation: str = "gelu"
-
-    def __post_init__(self):
-        super().__post_init__()
-        for key, allowed in (
-            ("position", CLASSIFIER_POSITIONS),
-            ("pooling", CLASSIFIER_POOLING),
-            ("norm", CLASSIFIER_NORMS),
-        ):
-            if getattr(self, key) not in allowed:
-                raise ValueError(
-                    f"model.{key}={getattr(self, key)!r}; allowed: {', '.join(allowed)}"
-                )
-        if not isinstance(self.num_classes, int) or self.num_classes < 2:
-            raise ValueError(f"model.num_classes must be an int >= 2, got {self.num_classes!r}")
-        if self.position == "2d" and math.isqrt(self.max_seq_len) ** 2 != self.max_seq_len:
-            side = math.isqrt(self.max_seq_len)
-            raise ValueError(
-                f"position=2d needs max_seq_len to be image_size**2, got {self.max_seq_len}; "
-                f"nearest allowed: {side**2} ({side}x{side}) or {(side + 1) ** 2} "
-                f"({side + 1}x{side + 1}); or use position=1d"
-            )
-
-    @property
-    def image_size(self) -> int:
-        return math.isqrt(self.max_seq_len)
+from flashtrain.models.positions import check_seq_len, grid_positions
+from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_init_
 
 
 class SequenceClassifier(TransformerModel):
     """forward(input_ids, labels, attention_mask=None) -> ModelOutput with logits (B, classes)."""
 
-    def __init__(self, config: ClassifierConfig, attention: AttentionConfig | dict | str = "flash"):
-        super().__init__()
-        self.config = config
+    def __init__(self, config: ClassifierConfig, attention="flash"):
+        super().__init__(config, attention)
         self.causal = config.causal
-        self.attn_op = AttentionOp(AttentionConfig.from_any(attention))
-        config.check_attention(self.attn_op)
         c = config.d_model
-        self.tok_emb = nn.Embedding(config.vocab_size, c)
+        self.tok_emb = nn.Embedding(config.padded_vocab_size, c)
         if config.position == "2d":
             self.pos_row = nn.Embedding(config.image_size, c)
             self.pos_col = nn.Embedding(config.image_size, c)
@@ -97,13 +38,10 @@ class SequenceClassifier(TransformerModel):
             self.pos_emb = nn.Embedding(config.max_seq_len, c)
             self.position_tables = {"pos_emb.weight": "1d"}
         self.cls_token = nn.Parameter(torch.zeros(c)) if config.pooling == "cls" else None
-        self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(
-            [Block(config, self.attn_op, norm=config.norm) for _ in range(config.n_layer)]
-        )
+        self.add_blocks(norm=config.norm)
         self.ln_f = nn.LayerNorm(c, eps=config.layer_norm_eps) if config.norm == "pre" else None
         self.head = nn.Linear(c, config.num_classes)
-        self._finish_init()
+        self.finish_init()
 
     def init_weights(self) -> None:
         normal_init_(self, std=0.02)
@@ -122,15 +60,7 @@ class SequenceClassifier(TransformerModel):
         if cfg.position == "1d":
             check_seq_len(seqlen, cfg.max_seq_len)
             return self.pos_emb.weight[:seqlen]
-        side = cfg.image_size
-        if seqlen != side * side:
-            raise ValueError(
-                f"position=2d: sequence length {seqlen} is not this model's image of "
-                f"{side}x{side} = {side * side} pixels; allowed: seq_len == {side * side} "
-                "(build the model for the new image size and load with init_from to upsample)"
-            )
-        grid = self.pos_row.weight[:, None, :] + self.pos_col.weight[None, :, :]  # (S, S, C)
-        return grid.reshape(side * side, -1)  # (T, C), row-major like the flattened image
+        return grid_positions(self.pos_row.weight, self.pos_col.weight, seqlen)  # (T, C)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
         """input_ids (B, T) -> (hidden (B, T', C) zero at padding, mask (B, T') or None);
@@ -144,7 +74,7 @@ class SequenceClassifier(TransformerModel):
                 ones = torch.ones_like(attention_mask[:, :1])
                 attention_mask = torch.cat((ones, attention_mask), dim=1)
         x = self.drop(x)
-        x, ctx, restore = self.pack_padded(x, attention_mask, dict(causal=self.causal))
+        x, ctx, restore = self.pack_padded(x, attention_mask, causal=self.causal)
         x = self.run_blocks(x, ctx)
         if self.ln_f is not None:
             x = self.ln_f(x)

@@ -17,59 +17,15 @@ The loss never materialises (tokens, vocab) logits in float32 at once (see loss.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from flashtrain.models.attention_impl import AttentionConfig, AttentionContext, AttentionOp
+from flashtrain.models.attention import AttentionContext
+from flashtrain.models.config import GPT2Config
 from flashtrain.models.loss import token_loss
-from flashtrain.models.transformer import (
-    Block,
-    ModelOutput,
-    TransformerConfig,
-    TransformerModel,
-    check_seq_len,
-    normal_init_,
-    rotary_tables,
-)
-
-GPT2_POSITIONS = ("learned", "rotary")
-
-
-@dataclass
-class GPT2Config(TransformerConfig):
-    n_layer: int = 12
-    n_head: int = 12
-    d_model: int = 768
-    max_seq_len: int = 1024
-    vocab_size: int = 50257
-    pad_vocab_multiple: int = 1  # e.g. 64: embedding rows rounded up (faster matmuls)
-    position: str = "learned"  # learned | rotary
-    rotary_base: float = 10000.0
-    dropout: float = 0.0  # the original used 0.1; long-context pre-training runs use 0
-    attn_dropout: float = 0.0
-    layer_norm_eps: float = 1e-5
-    activation: str = "gelu_tanh"
-    loss_chunk_size: int = 2048  # tokens per chunk of the output head + cross-entropy
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.position not in GPT2_POSITIONS:
-            raise ValueError(
-                f"model.position={self.position!r}; allowed: {', '.join(GPT2_POSITIONS)}"
-            )
-        if self.pad_vocab_multiple < 1:
-            raise ValueError(
-                f"model.pad_vocab_multiple must be >= 1, got {self.pad_vocab_multiple}"
-            )
-        if self.position == "rotary" and self.head_dim % 2:
-            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
-
-    @property
-    def padded_vocab_size(self) -> int:
-        m = self.pad_vocab_multiple
-        return (self.vocab_size + m - 1) // m * m
+from flashtrain.models.positions import check_seq_len, rotary_tables
+from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_init_
 
 
 class GPT2(TransformerModel):
@@ -77,24 +33,18 @@ class GPT2(TransformerModel):
 
     causal = True
 
-    def __init__(self, config: GPT2Config, attention: AttentionConfig | dict | str = "flash"):
-        super().__init__()
-        self.config = config
-        self.attn_op = AttentionOp(AttentionConfig.from_any(attention))
-        config.check_attention(self.attn_op)
+    def __init__(self, config: GPT2Config, attention="flash"):
+        super().__init__(config, attention)
         self.wte = nn.Embedding(config.padded_vocab_size, config.d_model)
         if config.position == "learned":
             self.wpe = nn.Embedding(config.max_seq_len, config.d_model)
             self.position_tables = {"wpe.weight": "1d"}
         else:
             self.wpe = None
-        self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(
-            [Block(config, self.attn_op, norm="pre") for _ in range(config.n_layer)]
-        )
+        self.add_blocks(norm="pre")
         self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         # The output head is self.wte.weight (tied), so it is counted and stored once.
-        self._finish_init()
+        self.finish_init()
 
     def init_weights(self) -> None:
         """GPT-2: N(0, 0.02), zero biases; residual projections N(0, 0.02 / sqrt(2 * n_layer))."""
@@ -112,13 +62,12 @@ class GPT2(TransformerModel):
         batch, seqlen = input_ids.shape
         cfg = self.config
         x = self.wte(input_ids)  # (B, T, C)
+        pos = torch.arange(seqlen, device=input_ids.device)
         rotary = None
         if self.wpe is not None:
             check_seq_len(seqlen, cfg.max_seq_len)
-            pos = torch.arange(seqlen, device=input_ids.device)
             x = x + self.wpe(pos)  # (B, T, C) + (T, C)
         else:
-            pos = torch.arange(seqlen, device=input_ids.device)
             cos, sin = rotary_tables(pos, cfg.head_dim, cfg.rotary_base)  # (T, D/2)
             rotary = (cos[None, :, None, :], sin[None, :, None, :])  # (1, T, 1, D/2)
         x = self.drop(x)

@@ -1,6 +1,6 @@
 """The transformer block every model here is built from, and what the models share.
 
-Block: LayerNorm, multi-head self-attention (the configured AttentionOp), LayerNorm, MLP, residuals;
+Block: LayerNorm, multi-head self-attention (the configured attention backend), LayerNorm, MLP, residuals;
 pre-LayerNorm (GPT-2, the classifier) or post-LayerNorm (BERT). A block takes hidden states either
 padded (B, T, C) or packed (N, C) (the real tokens of a padded batch, for the varlen kernel): every
 layer but attention is per token, and attention reads the layout from the AttentionContext.
@@ -11,24 +11,15 @@ TransformerModel: the base class of GPT2, Bert and SequenceClassifier: recomputa
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from flashtrain.config_dict import to_plain_dict
-from flashtrain.models.attention_impl import (
-    KERNEL_MAX_HEAD_DIM,
-    AttentionContext,
-    AttentionOp,
-)
-
-RECOMPUTE_MODES = ("none", "all", "every_k")
-ACTIVATIONS = ("gelu", "gelu_tanh")
-POSITION_RESIZE_MODES = ("interpolate", "copy")
+from flashtrain.models.attention import Attention, AttentionContext, build_attention
+from flashtrain.models.config import TransformerConfig
+from flashtrain.models.positions import apply_rotary, resize_position_tables
 
 
 @dataclass
@@ -41,116 +32,10 @@ class ModelOutput:
     logits: torch.Tensor | None = None  # (B, num_classes), classification only
 
 
-@dataclass
-class TransformerConfig:
-    """Fields every architecture has; gpt2.py, bert.py and classifier.py extend it."""
-
-    name: str = ""
-    n_layer: int = 12
-    n_head: int = 12
-    d_model: int = 768
-    d_ff: int | None = None  # None: 4 * d_model
-    max_seq_len: int = 1024  # the positional table (configs: ${seq_len})
-    vocab_size: int = 50257
-    dropout: float = 0.0  # embeddings and residual branches
-    attn_dropout: float = 0.0  # attention probabilities, inside the kernel
-    layer_norm_eps: float = 1e-5
-    activation: str = "gelu_tanh"
-    recompute: str = "none"  # none | all | every_k (torch.utils.checkpoint, non-reentrant)
-    recompute_every: int = 1  # every_k: blocks 0, k, 2k, ... are recomputed
-    init_from: str | None = None  # checkpoint to start from (positions resized if shorter)
-    init_positions: str = "interpolate"  # interpolate | copy: how init_from's positions are resized
-
-    def __post_init__(self):
-        for key in ("n_layer", "n_head", "d_model", "max_seq_len", "vocab_size"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"model.{key} must be a positive int, got {value!r}")
-        if self.d_model % self.n_head != 0:
-            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
-            shown = [h for h in divisors if h <= 64]
-            raise ValueError(
-                f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}; "
-                f"allowed n_head for this width: {shown}{' ...' if len(shown) < len(divisors) else ''}"
-            )
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
-        if self.recompute is None:
-            self.recompute = "none"
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ValueError(
-                f"model.recompute={self.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}"
-            )
-        if not isinstance(self.recompute_every, int) or self.recompute_every < 1:
-            raise ValueError(
-                f"model.recompute_every must be an int >= 1, got {self.recompute_every!r}"
-            )
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"model.activation={self.activation!r}; allowed: {', '.join(ACTIVATIONS)}"
-            )
-        for key in ("dropout", "attn_dropout"):
-            p = getattr(self, key)
-            if not 0.0 <= float(p) < 1.0:
-                raise ValueError(f"model.{key} must be in [0, 1), got {p}")
-        if self.init_positions not in POSITION_RESIZE_MODES:
-            raise ValueError(
-                f"model.init_positions={self.init_positions!r}; allowed: "
-                f"{', '.join(POSITION_RESIZE_MODES)}"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
-
-    @classmethod
-    def from_any(cls, cfg):
-        """From a dict / DictConfig (the `arch` key is dropped) or an instance."""
-        if isinstance(cfg, cls):
-            return cfg
-        d = to_plain_dict(cfg, what="model config")
-        d.pop("arch", None)
-        allowed = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown {cls.__name__} key(s) {unknown}; allowed: {', '.join(['arch', *allowed])}"
-            )
-        return cls(**d)
-
-    def check_attention(self, attn: AttentionOp) -> None:
-        """The kernels take head_dim multiples of 8 up to 256."""
-        hd = self.head_dim
-        if attn.impl in ("flash", "blocksparse") and (hd % 8 != 0 or hd > KERNEL_MAX_HEAD_DIM):
-            raise ValueError(
-                f"attention={attn.impl} needs head_dim = d_model / n_head to be a multiple of 8 "
-                f"up to {KERNEL_MAX_HEAD_DIM}; got {self.d_model} / {self.n_head} = {hd}"
-            )
-
-
-# ---- the block -----------------------------------------------------------------------------
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the two halves of the head dim (GPT-NeoX layout). x (..., H, D); cos, sin (..., 1, D/2)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-def rotary_tables(positions: torch.Tensor, head_dim: int, base: float = 10000.0):
-    """cos, sin (len(positions), head_dim / 2) float32 for integer positions."""
-    inv_freq = base ** (
-        -torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
-    )
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
-    return angles.cos(), angles.sin()
-
-
 class SelfAttention(nn.Module):
     """Fused q, k, v projection, the attention op, output projection (GPT-2's c_attn / c_proj)."""
 
-    def __init__(self, d_model: int, n_head: int, attn_op: AttentionOp, attn_dropout: float):
+    def __init__(self, d_model: int, n_head: int, attn_op: Attention, attn_dropout: float):
         super().__init__()
         self.n_head = n_head
         self.head_dim = d_model // n_head
@@ -185,7 +70,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One transformer layer. norm="pre": x + f(LN(x)) (GPT-2); norm="post": LN(x + f(x)) (BERT)."""
 
-    def __init__(self, cfg: TransformerConfig, attn_op: AttentionOp, norm: str = "pre"):
+    def __init__(self, cfg: TransformerConfig, attn_op: Attention, norm: str = "pre"):
         super().__init__()
         if norm not in ("pre", "post"):
             raise ValueError(f"norm={norm!r}; allowed: pre, post")
@@ -206,49 +91,31 @@ class Block(nn.Module):
         return x
 
 
-# ---- positions -----------------------------------------------------------------------------
-
-
-def resize_positions(table: torch.Tensor, new_len: int, mode: str = "interpolate") -> torch.Tensor:
-    """A (L, C) positional table resized to (new_len, C).
-
-    interpolate: linear interpolation along positions (align_corners=False), the usual way to move
-        learned positions to a longer context or a larger image side.
-    copy: the old table repeated to fill the new length (Longformer's initialisation), cut if shorter.
-    """
-    old_len = table.shape[0]
-    if new_len == old_len:
-        return table.clone()
-    if mode == "copy":
-        reps = math.ceil(new_len / old_len)
-        return table.repeat(reps, 1)[:new_len].clone()
-    if mode == "interpolate":
-        t = table.float().t()[None]  # (1, C, L)
-        out = F.interpolate(t, size=new_len, mode="linear", align_corners=False)
-        return out[0].t().to(table.dtype).contiguous()  # (new_len, C)
-    raise ValueError(f"position resize mode {mode!r}; allowed: {', '.join(POSITION_RESIZE_MODES)}")
-
-
-def _resize_nearest(table: torch.Tensor, new_len: int) -> torch.Tensor:
-    """(L, C) -> (new_len, C), each old row covering new_len / L new rows (image axes)."""
-    idx = (torch.arange(new_len) * table.shape[0]) // new_len
-    return table[idx.to(table.device)].clone()
-
-
 # ---- the base model ------------------------------------------------------------------------
 
 
 class TransformerModel(nn.Module):
-    """Shared machinery. Subclasses set self.config, self.blocks, self.attn_op and implement
-    forward, init_weights and _lookup_parameters (parameters that are table lookups, no matmul)."""
+    """Shared machinery of GPT2, Bert and SequenceClassifier. A subclass's __init__ calls
+    super().__init__(config, attention), adds its embeddings, then add_blocks(norm), its head, and
+    finish_init(); it implements forward, init_weights and _lookup_parameters (parameters that are
+    table lookups, no matmul)."""
 
-    config: TransformerConfig
-    blocks: nn.ModuleList
-    attn_op: AttentionOp
     # state-dict keys of positional tables -> "1d" (sequence axis) or "2d" (an image axis)
     position_tables: dict[str, str] = {}
 
-    def _finish_init(self) -> None:
+    def __init__(self, config: TransformerConfig, attention):
+        super().__init__()
+        self.config = config
+        self.attn_op = build_attention(attention)  # one backend object shared by every block
+        self.attn_op.check_head_dim(config.head_dim, f"{config.d_model} / {config.n_head}")
+
+    def add_blocks(self, norm: str) -> None:
+        """Embedding dropout and the blocks, registered after the embeddings (parameter order)."""
+        cfg = self.config
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList([Block(cfg, self.attn_op, norm) for _ in range(cfg.n_layer)])
+
+    def finish_init(self) -> None:
         if any(p.is_meta for p in self.parameters()):
             return  # built on the meta device: call initialize() after to_empty()
         self.initialize()
@@ -288,26 +155,14 @@ class TransformerModel(nn.Module):
 
     # ---- padded batches
 
-    def pack_padded(self, x: torch.Tensor, attention_mask: torch.Tensor | None, ctx_kwargs: dict):
-        """Prepare hidden states x (B, T, C) of a padded batch for the blocks.
-
-        Returns (x_in, ctx, restore): flash packs the real tokens (N, C) for the varlen kernel; the
-        others keep (B, T, C) with a key-padding mask. restore(y) gives (B, T, C) with zeros at
-        padding either way, so every implementation returns the same hidden states.
-        """
-        if attention_mask is None:
+    def pack_padded(self, x: torch.Tensor, attention_mask: torch.Tensor | None, **ctx_kwargs):
+        """Hidden states x (B, T, C) of a possibly padded batch as the blocks take them:
+        (x_in, ctx, restore), restore(y) giving (B, T, C) with zeros at padding, so every
+        attention backend returns the same hidden states (Attention.padded_context)."""
+        if attention_mask is None or bool(attention_mask.all()):
             return x, AttentionContext(**ctx_kwargs), lambda y: y
         mask = attention_mask.to(torch.bool)  # (B, T), True = real token
-        if bool(mask.all()):
-            return x, AttentionContext(**ctx_kwargs), lambda y: y
-        batch, seqlen = mask.shape
-        if self.attn_op.supports_varlen:
-            unpad, pad, _ = self.attn_op.varlen_ops()
-            packed, indices, cu_seqlens, max_seqlen = unpad(x, mask)  # (N, C)
-            ctx = AttentionContext(cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen), **ctx_kwargs)
-            return packed, ctx, lambda y: pad(y, indices, batch, seqlen)
-        ctx = AttentionContext(key_padding_mask=mask, **ctx_kwargs)
-        return x, ctx, lambda y: y.masked_fill(~mask[..., None], 0.0)
+        return self.attn_op.padded_context(x, mask, **ctx_kwargs)
 
     # ---- counts
 
@@ -337,28 +192,9 @@ class TransformerModel(nn.Module):
     # ---- longer context from a shorter checkpoint
 
     def load_state_dict_extended(self, state_dict: dict, mode: str = "interpolate", strict=True):
-        """load_state_dict, first resizing positional tables whose length differs from this model's.
-
-        1-D (sequence) tables: mode "interpolate" (linear) or "copy" (tile the old table).
-        2-D row/column tables (an image side, e.g. 64 -> 128 pixels): "interpolate" (linear, which
-        is bilinear on the row + column sum) or "copy" (nearest: each old row covers several).
-        """
-        if mode not in POSITION_RESIZE_MODES:
-            raise ValueError(f"mode={mode!r}; allowed: {', '.join(POSITION_RESIZE_MODES)}")
-        own = self.state_dict()
-        state = dict(state_dict)
-        for key, kind in self.position_tables.items():
-            if key not in state or key not in own or state[key].shape == own[key].shape:
-                continue
-            old, new_len = state[key], own[key].shape[0]
-            if old.shape[1:] != own[key].shape[1:]:
-                raise ValueError(
-                    f"{key}: checkpoint width {tuple(old.shape)} does not match {tuple(own[key].shape)}"
-                )
-            if kind == "2d" and mode == "copy":
-                state[key] = _resize_nearest(old, new_len)
-            else:
-                state[key] = resize_positions(old, new_len, mode)
+        """load_state_dict, first resizing positional tables whose length differs from this
+        model's (positions.resize_position_tables: mode "interpolate" or "copy")."""
+        state = resize_position_tables(state_dict, self.state_dict(), self.position_tables, mode)
         return self.load_state_dict(state, strict=strict)
 
 
@@ -373,13 +209,3 @@ def normal_init_(module: nn.Module, std: float = 0.02) -> None:
             nn.init.normal_(m.weight, mean=0.0, std=std)
         elif isinstance(m, nn.LayerNorm):
             m.reset_parameters()
-
-
-def check_seq_len(seqlen: int, max_seq_len: int, what: str = "positional table") -> None:
-    if seqlen > max_seq_len:
-        raise ValueError(
-            f"sequence length {seqlen} exceeds the {what} (model.max_seq_len={max_seq_len}); "
-            f"allowed: seq_len <= {max_seq_len}. Build the model with a larger max_seq_len "
-            "(configs set it from ${seq_len}) and load shorter checkpoints with "
-            "model.init_from / load_state_dict_extended"
-        )

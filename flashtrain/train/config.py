@@ -1,55 +1,36 @@
-"""The trainer's config schema, its validation, and the batch-size arithmetic.
+"""The run's typed config: the trainer's, optimizer's and logger's dataclasses, the root
+TrainConfig holding every group, and the batch-size arithmetic.
 
-Hydra composes configs/train.yaml; `validate_config` then merges the result into the typed schema
-below, so an unknown key (`trainer.max_step=10`) or a wrong type (`trainer.max_steps=ten`) fails at
-start with OmegaConf's own message instead of deep inside the run. The model, data and attention
-groups belong to their factories (flashtrain.models / flashtrain.data), which check their own keys.
+Hydra composes configs/train.yaml on these schemas (config_store.py registers them), so a typo
+in a YAML file or an override fails while composing; `validate_config` then makes the result a
+TrainConfig of dataclasses (model, attention and data through their packages' own configs), which
+fails on anything left, naming the key and the allowed ones, and checks the values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from flashtrain.data.config import DataConfig, data_config
+from flashtrain.models.attention import AttentionConfig, attention_config
+from flashtrain.models.config import TransformerConfig, model_config
+from flashtrain.typed_config import ConfigError, check_choice, to_dataclass
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says what is wrong and how to fix it."""
-
-
-class Strategy(str, Enum):
-    auto = "auto"  # ddp when launched with more than one process, else single
-    single = "single"
-    ddp = "ddp"
-    fsdp = "fsdp"
+STRATEGIES = ("auto", "single", "ddp", "fsdp")  # auto: ddp under torchrun, else single
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on CPU
+DTYPES = ("auto", "fp32", "bf16", "fp16")
 
 
-class Precision(str, Enum):
-    auto = "auto"  # bf16 autocast on CUDA, fp32 on CPU
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"  # autocast + dynamic loss scaling
-
-
-class OnNonFinite(str, Enum):
-    stop = "stop"  # stop the run, naming the step; the last good checkpoint stays
-    skip = "skip"  # drop the update and go on (up to trainer.max_skipped_steps in a row)
-
-
-class ProgressMode(str, Enum):
-    auto = "auto"  # a tqdm bar on a terminal, plain lines otherwise
-    bar = "bar"
-    lines = "lines"
-    none = "none"
-
-
-class Schedule(str, Enum):
-    cosine = "cosine"
-    linear = "linear"
-    constant = "constant"
+def _at_least(cfg: Any, minimum: int, section: str, *keys: str) -> None:
+    for key in keys:
+        if getattr(cfg, key) < minimum:
+            name = f"{section}.{key}" if section else key
+            raise ValueError(f"{name} must be >= {minimum}, got {getattr(cfg, key)}")
 
 
 @dataclass
@@ -66,40 +47,54 @@ class FSDPConfig:
     param_dtype: str = "auto"  # auto (= the trainer's precision) | fp32 | bf16 | fp16
     reduce_dtype: str = "fp32"
 
+    def __post_init__(self):
+        check_choice(self.param_dtype, DTYPES, "trainer.fsdp.param_dtype")
+        check_choice(self.reduce_dtype, DTYPES[1:], "trainer.fsdp.reduce_dtype")
+
 
 @dataclass
 class TrainerConfig:
     max_steps: int = 150  # optimizer steps; 0 builds everything, prints the summary and exits
-    device: str = "auto"  # auto | cpu | cuda | cuda:<i>
-    strategy: Strategy = Strategy.auto
-    precision: Precision = Precision.auto
+    device: str = "auto"  # auto | cpu | cuda | cuda:<i>   (torchrun: cuda:<LOCAL_RANK>)
+    strategy: str = "auto"  # auto (ddp under torchrun, else single) | single | ddp | fsdp
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile each transformer block (model.blocks)
     grad_clip: float | None = 1.0  # max global grad norm; null or 0 = no clipping
     log_interval: int = 10
     eval_interval: int = 50  # 0 = only at the end
-    eval_batches: int | None = 8  # cap on validation batches per eval (null = all)
+    eval_batches: int | None = 8  # validation batches per rank per eval (null = all there are)
     eval_at_end: bool = True
     ckpt_interval: int = 50  # 0 = only at the end
     ckpt_at_end: bool = True
     keep_last: int = 3  # checkpoints kept on disk (0 = keep all)
     ckpt_dir: str | None = None  # null = <run dir>/checkpoints
-    resume: str | None = None  # null | auto | <checkpoint dir or checkpoints root>
-    on_nonfinite: OnNonFinite = OnNonFinite.stop
-    max_skipped_steps: int = 10
-    progress: ProgressMode = ProgressMode.auto
-    metrics_file: str | None = "metrics.jsonl"  # in the run dir, rank 0; null = none
-    peak_flops: float | None = None  # device peak FLOP/s for MFU; null = look it up
-    allow_slow_cpu: bool = False
+    resume: str | None = None  # null | auto (newest in ckpt_dir, if any) | <checkpoint or folder>
+    on_nonfinite: str = "stop"  # NaN/inf loss: stop (naming the step) | skip (drop the update)
+    max_skipped_steps: int = 10  # with skip: stop after this many in a row
+    progress: str = "auto"  # auto (a bar on a terminal, lines otherwise) | bar | lines | none
+    metrics_file: str | None = "metrics.jsonl"  # JSON lines in the run dir, rank 0; null = none
+    peak_flops: float | None = None  # device peak FLOP/s for MFU; null = look it up / estimate
+    allow_slow_cpu: bool = False  # run on a CPU even when a step is estimated to take very long
     cpu_step_time_limit_s: float = 120.0  # refuse CPU runs estimated slower per step than this
     dist_timeout_s: int = 1800
     deterministic: bool = False  # torch.use_deterministic_algorithms(True)
     ddp: DDPConfig = field(default_factory=DDPConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
+    def __post_init__(self):
+        check_choice(self.strategy, STRATEGIES, "trainer.strategy")
+        check_choice(self.precision, PRECISIONS, "trainer.precision")
+        check_choice(self.on_nonfinite, ("stop", "skip"), "trainer.on_nonfinite")
+        check_choice(self.progress, ("auto", "bar", "lines", "none"), "trainer.progress")
+        _at_least(self, 1, "trainer", "log_interval")
+        _at_least(self, 0, "trainer", "max_steps", "eval_interval", "ckpt_interval", "keep_last")
+        if self.eval_batches is not None:
+            _at_least(self, 1, "trainer", "eval_batches")
+
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: str = "adamw"  # the only one implemented
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
@@ -107,104 +102,86 @@ class OptimConfig:
     decay_norm_and_bias: bool = False  # biases and norm gains get weight decay too
     decay_embeddings: bool = False  # token/position embeddings get weight decay too
     fused: bool | None = None  # null = fused AdamW on CUDA, foreach elsewhere
-    schedule: Schedule = Schedule.cosine
+    schedule: str = "cosine"  # cosine | linear | constant, after a linear warmup
     warmup_steps: int = 15
     decay_steps: int | None = None  # null = trainer.max_steps
     min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
 
+    def __post_init__(self):
+        check_choice(self.name, ("adamw",), "optim.name")
+        check_choice(self.schedule, ("cosine", "linear", "constant"), "optim.schedule")
+        if len(self.betas) != 2:
+            raise ValueError(f"optim.betas must have two values, got {list(self.betas)}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _at_least(self, 0, "optim", "warmup_steps")
+
 
 @dataclass
 class LoggerConfig:
-    name: str = "wandb"  # wandb | none
+    name: str = "wandb"  # wandb | none (metrics still go to trainer.metrics_file)
     project: str = "flashtrain"
     entity: str | None = None
-    mode: str = "offline"  # online | offline | disabled
+    mode: str | None = None  # online | offline | disabled; null = $WANDB_MODE, else offline
     run_name: str | None = None  # null = the run's name
     group: str | None = None
     tags: list[str] = field(default_factory=list)
     notes: str | None = None
     dir: str | None = None  # null = the run dir
 
+    def __post_init__(self):
+        check_choice(self.name, ("wandb", "none"), "logger.name")
+        if self.mode is not None:
+            check_choice(self.mode, ("online", "offline", "disabled"), "logger.mode")
+
 
 @dataclass
 class TrainConfig:
-    name: str | None = None  # run name (wandb, summary); null = derived from model/data/seq_len
+    """configs/train.yaml: the run, and one config per group."""
+
+    name: str | None = (
+        None  # run name (wandb, logs); null = <experiment> or <model>-<data>-<seq_len>
+    )
     seed: int = 1234
-    seq_len: int = 256
-    global_batch_size: int | None = None  # sequences per optimizer step, all ranks together
-    global_batch_tokens: int | None = None  # alternatively tokens per step (a multiple of seq_len)
+    seq_len: int = 256  # context length; model and data configs read it as ${seq_len}
+    global_batch_size: int | None = 16  # sequences per optimizer step over all ranks
+    global_batch_tokens: int | None = None  # or tokens per step: global_batch_size = this / seq_len
     micro_batch_size: int = 8  # sequences per device per forward/backward
-    model: Any = None
-    attention: Any = None
-    data: Any = None
+    # Groups with several schemas: each holds the dataclass its discriminator picks.
+    model: Any = None  # flashtrain.models.config (arch)
+    attention: Any = None  # flashtrain.models.attention (impl)
+    data: Any = None  # flashtrain.data.config (loader)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
+    def __post_init__(self):
+        _at_least(self, 1, "", "seq_len", "micro_batch_size")
+        self.model: TransformerConfig = model_config(self.model)
+        self.attention: AttentionConfig = attention_config(self.attention)
+        self.data: DataConfig = data_config(self.data)
+        if self.model.max_seq_len < self.seq_len:
+            raise ValueError(
+                f"seq_len={self.seq_len} is longer than the model takes (model.max_seq_len="
+                f"{self.model.max_seq_len}); lower seq_len or raise model.max_seq_len"
+            )
 
-_ENUMS = (Strategy, Precision, OnNonFinite, ProgressMode, Schedule)
 
-
-def validate_config(cfg: DictConfig) -> DictConfig:
-    """Type-check `cfg` against the schema and return it resolved, with enums as plain strings.
-
-    Raises omegaconf's ValidationError / ConfigKeyError (unknown key, wrong type, bad choice) or
-    ConfigError (values that type-check but cannot work together).
-    """
-    if "hydra" in cfg:  # composed with return_hydra_config=True
+def validate_config(cfg: Any) -> TrainConfig:
+    """The composed config (a DictConfig; Hydra's own `hydra` node is dropped) as a checked
+    TrainConfig. Raises ConfigError naming what is wrong and what is allowed."""
+    if isinstance(cfg, DictConfig) and "hydra" in cfg:
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
-    plain = OmegaConf.to_container(merged, resolve=True, enum_to_str=True)
-    out = OmegaConf.create(plain)
-    _check_values(out)
-    OmegaConf.set_struct(out, True)
-    return out
+    return to_dataclass(TrainConfig, cfg, what="")
 
 
-def _check_values(cfg: DictConfig) -> None:
-    t = cfg.trainer
-    problems = []
-    if cfg.seq_len <= 0:
-        problems.append(f"seq_len must be positive, got {cfg.seq_len}")
-    if cfg.micro_batch_size <= 0:
-        problems.append(f"micro_batch_size must be positive, got {cfg.micro_batch_size}")
-    if t.max_steps < 0:
-        problems.append(f"trainer.max_steps must be >= 0, got {t.max_steps}")
-    for key in ("log_interval",):
-        if t[key] <= 0:
-            problems.append(f"trainer.{key} must be positive, got {t[key]}")
-    for key in ("eval_interval", "ckpt_interval", "keep_last"):
-        if t[key] < 0:
-            problems.append(f"trainer.{key} must be >= 0, got {t[key]}")
-    if cfg.logger.name not in ("wandb", "none"):
-        problems.append(f"logger.name must be wandb or none, got {cfg.logger.name!r}")
-    if cfg.logger.name == "wandb" and cfg.logger.mode not in ("online", "offline", "disabled"):
-        problems.append(f"logger.mode must be online, offline or disabled, got {cfg.logger.mode!r}")
-    if cfg.optim.name != "adamw":
-        problems.append(f"optim.name: only adamw is implemented, got {cfg.optim.name!r}")
-    if len(cfg.optim.betas) != 2:
-        problems.append(f"optim.betas must have two values, got {list(cfg.optim.betas)}")
-    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
-        problems.append(f"optim.min_lr_ratio must be in [0, 1], got {cfg.optim.min_lr_ratio}")
-    if cfg.optim.warmup_steps < 0:
-        problems.append(f"optim.warmup_steps must be >= 0, got {cfg.optim.warmup_steps}")
-    for key in ("param_dtype", "reduce_dtype"):
-        if t.fsdp[key] not in ("auto", "fp32", "bf16", "fp16"):
-            problems.append(f"trainer.fsdp.{key} must be auto|fp32|bf16|fp16, got {t.fsdp[key]!r}")
-    model_len = _select(cfg.model, "max_seq_len")
-    if isinstance(model_len, int) and model_len < cfg.seq_len:
-        problems.append(
-            f"seq_len={cfg.seq_len} is longer than the model takes (model.max_seq_len="
-            f"{model_len}); lower seq_len or raise model.max_seq_len"
-        )
-    if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+def config_dict(cfg: TrainConfig) -> dict:
+    """The config as plain dicts and lists (for YAML, wandb, checkpoint metadata)."""
+    return dataclasses.asdict(cfg)
 
 
-def _select(node: Any, key: str) -> Any:
-    if isinstance(node, DictConfig):
-        return node.get(key)
-    return None
+def config_yaml(cfg: TrainConfig) -> str:
+    return OmegaConf.to_yaml(config_dict(cfg))
 
 
 @dataclass(frozen=True)
@@ -225,11 +202,10 @@ class BatchPlan:
         return self.global_batch_size * self.seq_len
 
 
-def batch_plan(cfg: DictConfig, world_size: int) -> BatchPlan:
+def batch_plan(cfg: TrainConfig, world_size: int) -> BatchPlan:
     """Gradient accumulation steps from the global batch (sequences or tokens) and the world size."""
-    seq_len, mbs = int(cfg.seq_len), int(cfg.micro_batch_size)
-    gbs = cfg.get("global_batch_size")
-    tokens = cfg.get("global_batch_tokens")
+    seq_len, mbs = cfg.seq_len, cfg.micro_batch_size
+    gbs, tokens = cfg.global_batch_size, cfg.global_batch_tokens
     if tokens is not None:
         if tokens % seq_len:
             raise ConfigError(

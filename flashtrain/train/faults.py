@@ -83,11 +83,9 @@ def oom_advice(cfg: Any, device: torch.device, exc: BaseException | None = None)
             lines.append(torch.cuda.memory_summary(device, abbreviated=True))
         except Exception:  # noqa: BLE001 - the summary is best effort
             pass
-    mbs = int(cfg.micro_batch_size)
+    mbs = cfg.micro_batch_size
     hints = []
-    model = cfg.get("model")
-    recompute = model.get("recompute") if model is not None else None
-    if recompute != "all":
+    if cfg.model.recompute != "all":
         hints.append("model.recompute=all  (recompute each block in backward)")
     if mbs > 1:
         hints.append(
@@ -97,7 +95,7 @@ def oom_advice(cfg: Any, device: torch.device, exc: BaseException | None = None)
         hints.append("trainer.strategy=fsdp  (shard parameters, gradients and optimizer state)")
     if cfg.trainer.precision in ("fp32",):
         hints.append("trainer.precision=bf16")
-    hints.append(f"seq_len={max(1, int(cfg.seq_len) // 2)}  (shorter context)")
+    hints.append(f"seq_len={max(1, cfg.seq_len // 2)}  (shorter context)")
     lines.append("To use less memory, try one of:")
     lines.extend(f"  {h}" for h in hints)
     return "\n".join(lines)

@@ -81,9 +81,6 @@ class WandbSink(MetricSink):
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=int(step))
 
-    def set_summary(self, key: str, value: Any) -> None:
-        self.run.summary[key] = value
-
     def finish(self) -> None:
         self.run.finish()
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
+
+from flashtrain.train.config import OptimConfig
 
 _NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.RMSNorm)
 
@@ -51,7 +52,7 @@ def param_groups(
     ]
 
 
-def build_optimizer(model: nn.Module, optim_cfg: DictConfig, device: torch.device):
+def build_optimizer(model: nn.Module, optim_cfg: OptimConfig, device: torch.device):
     groups = param_groups(
         model,
         float(optim_cfg.weight_decay),
@@ -102,12 +103,12 @@ def lr_factor(
     return min_lr_ratio + (1.0 - min_lr_ratio) * shape
 
 
-def build_scheduler(optimizer, optim_cfg: DictConfig, max_steps: int):
+def build_scheduler(optimizer, optim_cfg: OptimConfig, max_steps: int):
     decay_steps = optim_cfg.decay_steps if optim_cfg.decay_steps is not None else max_steps
     kw = dict(
         warmup_steps=int(optim_cfg.warmup_steps),
         decay_steps=int(decay_steps),
-        schedule=str(getattr(optim_cfg.schedule, "value", optim_cfg.schedule)),
+        schedule=optim_cfg.schedule,
         min_lr_ratio=float(optim_cfg.min_lr_ratio),
     )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, **kw))

@@ -22,10 +22,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+from flashtrain.data import build_data
+from flashtrain.models import build_model
 from flashtrain.train import checkpoint as ckpt
-from flashtrain.train.config import BatchPlan, ConfigError, batch_plan, validate_config
+from flashtrain.train.config import (
+    BatchPlan,
+    ConfigError,
+    batch_plan,
+    config_dict,
+    config_yaml,
+    validate_config,
+)
+from flashtrain.train.cpu_estimate import estimate_cpu_step_time, refuse_slow_cpu_run
 from flashtrain.train.distributed import (
     DistEnv,
     all_reduce_sum,
@@ -38,6 +47,7 @@ from flashtrain.train.distributed import (
     wrap_model,
 )
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
+from flashtrain.train.interval import IntervalStats
 from flashtrain.train.loggers import Loggers, build_loggers, git_commit
 from flashtrain.train.metrics import (
     PeakFlops,
@@ -52,10 +62,6 @@ from flashtrain.train.optim import build_optimizer, build_scheduler
 from flashtrain.train.progress import Progress
 
 log = logging.getLogger("flashtrain")
-
-# Fraction of a plain float32 matmul's speed a whole training step reaches on a CPU (for the
-# time-per-step estimate only; roughly 0.5 for small GPT-2s on a 2-core x86 machine).
-CPU_STEP_EFFICIENCY = 0.5
 
 
 def ensure_logging() -> None:
@@ -78,32 +84,16 @@ def count_targets(batch: dict[str, torch.Tensor]) -> int:
     return int((batch["labels"] != -100).sum())
 
 
-def _default_run_dir() -> Path:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if HydraConfig.initialized():
-            return Path(HydraConfig.get().runtime.output_dir)
-    except (ImportError, ValueError):
-        pass
-    now = datetime.datetime.now()
-    return Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
-
-
-def _hydra_choices() -> dict[str, str]:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if HydraConfig.initialized():
-            choices = HydraConfig.get().runtime.choices
-            return {k: str(v) for k, v in choices.items() if not k.startswith("hydra/")}
-    except (ImportError, ValueError):
-        pass
-    return {}
-
-
 class Trainer:
-    def __init__(self, cfg: DictConfig, run_dir: str | os.PathLike | None = None):
+    """__init__ builds the run: process group, model (wrapped for DDP / FSDP2), optimizer,
+    schedule, data and the counters, and prints the summary. fit() restores a checkpoint when
+    resuming, opens the metric sinks and the progress display, and runs the loop.
+
+    run_dir: where outputs go (under torchrun rank 0's is used by every rank); choices: Hydra's
+    group choices (model=..., experiment=...), for the run name and the logged config.
+    """
+
+    def __init__(self, cfg: Any, run_dir: str | os.PathLike, choices: dict[str, str] | None = None):
         ensure_logging()
         self.loggers = Loggers()
         self.progress: Progress | None = None
@@ -113,24 +103,25 @@ class Trainer:
             t.device, t.dist_timeout_s, need_group=t.strategy == "fsdp"
         )
         try:
-            self._init(run_dir)
+            self._build(run_dir, choices or {})
         except BaseException:
             self.close()
             raise
 
-    def _init(self, run_dir: str | os.PathLike | None) -> None:
+    def _build(self, run_dir: str | os.PathLike, choices: dict[str, str]) -> None:
         cfg, t, env = self.cfg, self.cfg.trainer, self.env
         if not env.is_main:
             log.setLevel(logging.WARNING)
         self.strategy = resolve_strategy(t.strategy, env.world_size)
         self.plan: BatchPlan = batch_plan(cfg, env.world_size)
         self.precision = self._resolve_precision()
-
-        run_dir = Path(run_dir) if run_dir is not None else _default_run_dir()
-        self.run_dir = Path(broadcast_object(str(run_dir.absolute()) if env.is_main else None))
+        self.run_dir = Path(
+            broadcast_object(str(Path(run_dir).absolute()) if env.is_main else None)
+        )
         self.ckpt_root = Path(t.ckpt_dir) if t.ckpt_dir else self.run_dir / "checkpoints"
-        self.choices = broadcast_object(_hydra_choices() if env.is_main else None)
+        self.choices = broadcast_object(choices if env.is_main else None)
         self.run_name = cfg.name or self._default_name()
+        # The run's state: what a checkpoint saves besides the model and optimizer.
         self.step = 0
         self.tokens_seen = 0
         self.skipped_in_a_row = 0
@@ -138,40 +129,7 @@ class Trainer:
         self.wandb_id: str | None = None
         self.history: list[tuple[int, float]] = []
         self.eval_history: list[tuple[int, dict[str, float]]] = []
-        self.metrics_lr = float(cfg.optim.lr)
-        self._last_grad_norm = float("nan")
-        self._resume_rng: dict | None = None
-        self._setup()
-
-    # ------------------------------------------------------------------ setup
-
-    def _resolve_precision(self) -> str:
-        p = self.cfg.trainer.precision
-        device = self.env.device
-        if p == "auto":
-            p = "bf16" if device.type == "cuda" else "fp32"
-        if p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ConfigError("this GPU has no bf16; use trainer.precision=fp16 (or fp32)")
-        if p == "fp16" and self.strategy == "fsdp":
-            raise ConfigError(
-                "trainer.precision=fp16 is not supported with FSDP2 here; use bf16 (or fp32)"
-            )
-        if p == "fp16" and device.type != "cuda":
-            raise ConfigError("trainer.precision=fp16 needs a CUDA device; use bf16 or fp32")
-        return p
-
-    def _default_name(self) -> str:
-        exp = self.choices.get("experiment")
-        if exp and exp != "None":
-            return exp.replace("/", "-")
-        model = self.choices.get("model") or self.cfg.model.get("arch", "model")
-        data = self.choices.get("data") or self.cfg.data.get("name", "data")
-        return f"{model}-{data}-{self.cfg.seq_len}"
-
-    def _setup(self) -> None:
-        cfg, env, t = self.cfg, self.env, self.cfg.trainer
-        from flashtrain.data import build_data
-        from flashtrain.models import build_model
+        self.interval = IntervalStats()
 
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -194,15 +152,22 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optim, env.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.max_steps)
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
-        self.cpu_matmul_flops = (
-            measure_matmul_flops(env.device) if env.device.type == "cpu" else None
-        )
+        matmul_flops = measure_matmul_flops(env.device) if env.device.type == "cpu" else None
         self.peak: PeakFlops = device_peak_flops(
-            env.device, self.precision, t.peak_flops, measured=self.cpu_matmul_flops
+            env.device, self.precision, t.peak_flops, measured=matmul_flops
         )
-        self.cpu_step_estimate = self._estimate_cpu_step_time()
+        self.throughput = Throughput(self.flops_per_token, self.peak, env.world_size)
+        flops_per_step = self.flops_per_token * self.plan.tokens_per_step
+        self.cpu_step_estimate = (
+            estimate_cpu_step_time(flops_per_step / env.world_size, matmul_flops)
+            if matmul_flops is not None
+            else None
+        )
         self._print_summary()
-        self._check_cpu_time()
+        if self.cpu_step_estimate is not None and t.max_steps > 0 and not t.allow_slow_cpu:
+            refuse_slow_cpu_run(
+                self.cpu_step_estimate, flops_per_step, t.max_steps, t.cpu_step_time_limit_s
+            )
         # The data last: preparing it can take long (tokenizing, generating Pathfinder images),
         # which a run refused above should not wait for.
         self.data = build_data(
@@ -212,49 +177,50 @@ class Trainer:
             seed=cfg.seed,
             rank=env.rank,
             world_size=env.world_size,
+            eval_batches=t.eval_batches,
         )
         bounds = self.data.loss_bounds()
         if bounds and env.is_main:
             log.info("data loss: " + ", ".join(f"{k} {v:.3f}" for k, v in bounds.items()))
-        model_vocab = cfg.model.get("vocab_size")
-        if isinstance(model_vocab, int) and self.data.vocab_size > model_vocab:
+        if self.data.vocab_size > cfg.model.vocab_size:
             raise ConfigError(
-                f"data '{cfg.data.get('name')}' has {self.data.vocab_size} token ids but the "
-                f"model's embedding has {model_vocab} rows; set model.vocab_size >= "
+                f"data '{cfg.data.name}' has {self.data.vocab_size} token ids but the model's "
+                f"vocab_size is {cfg.model.vocab_size}; set model.vocab_size >= "
                 f"{self.data.vocab_size} (it defaults to data.vocab_size)"
             )
 
-    def _estimate_cpu_step_time(self) -> float | None:
-        if self.cpu_matmul_flops is None:
-            return None
-        flops = self.flops_per_token * self.plan.tokens_per_step / self.env.world_size
-        rate = self.cpu_matmul_flops * CPU_STEP_EFFICIENCY
-        return flops / max(rate, 1.0)
+    def _resolve_precision(self) -> str:
+        p = self.cfg.trainer.precision
+        device = self.env.device
+        if p == "auto":
+            p = "bf16" if device.type == "cuda" else "fp32"
+        if p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("this GPU has no bf16; use trainer.precision=fp16 (or fp32)")
+        if p == "fp16" and self.strategy == "fsdp":
+            raise ConfigError(
+                "trainer.precision=fp16 is not supported with FSDP2 here; use bf16 (or fp32)"
+            )
+        if p == "fp16" and device.type != "cuda":
+            raise ConfigError("trainer.precision=fp16 needs a CUDA device; use bf16 or fp32")
+        return p
 
-    def _check_cpu_time(self) -> None:
-        t = self.cfg.trainer
-        est = self.cpu_step_estimate
-        if est is None or t.max_steps == 0 or t.allow_slow_cpu or est <= t.cpu_step_time_limit_s:
-            return
-        remaining = max(0, t.max_steps - self.step)
-        raise ConfigError(
-            f"this run would take about {format_duration(est)} per optimizer step on this CPU "
-            f"({format_count(self.flops_per_token * self.plan.tokens_per_step)}FLOP per step, "
-            f"{remaining} steps: about {format_duration(est * remaining)} in all). It is meant "
-            f"for a GPU. To run it here anyway, add trainer.allow_slow_cpu=true; for a size a "
-            f"CPU manages, use experiment=cpu/tiny (or model=gpt2-tiny seq_len=256); "
-            f"trainer.max_steps=0 only builds it."
-        )
+    def _default_name(self) -> str:
+        exp = self.choices.get("experiment")
+        if exp and exp != "None":
+            return exp.replace("/", "-")
+        model = self.choices.get("model") or self.cfg.model.arch
+        data = self.choices.get("data") or self.cfg.data.name
+        return f"{model}-{data}-{self.cfg.seq_len}"
 
     def _print_summary(self) -> None:
         if not self.env.is_main:
             return
         cfg, plan, env, t = self.cfg, self.plan, self.env, self.cfg.trainer
-        lines = ["resolved config:", OmegaConf.to_yaml(cfg).rstrip(), ""]
+        lines = ["resolved config:", config_yaml(cfg).rstrip(), ""]
         lines.append(f"run: {self.run_name}  dir: {self.run_dir}")
         lines.append(
-            f"model: {cfg.model.get('arch', '?')}  attention: {cfg.attention.get('impl', '?')}"
-            f"  data: {cfg.data.get('name', '?')}  vocab: {cfg.model.get('vocab_size', '?')}"
+            f"model: {cfg.model.arch}  attention: {cfg.attention.impl}  data: {cfg.data.name}  "
+            f"vocab: {cfg.model.vocab_size}"
         )
         lines.append(f"params: {self.num_params}")
         lines.append(f"flops/token: {format_count(self.flops_per_token)} at seq_len {cfg.seq_len}")
@@ -281,6 +247,8 @@ class Trainer:
     # ----------------------------------------------------------------- resume
 
     def _resume(self) -> None:
+        """Restore the newest / the given checkpoint (trainer.resume) into the built run: model,
+        optimizer, schedule, data position, RNG; or seed a fresh run's RNG."""
         t = self.cfg.trainer
         target = None
         error = None
@@ -303,6 +271,7 @@ class Trainer:
         if target is None:
             if t.resume == "auto":
                 log.info("trainer.resume=auto: no checkpoint in %s, starting fresh", self.ckpt_root)
+            set_seed(self.cfg.seed + 1 + self.env.rank)  # dropout etc. differ across ranks
             return
         state, meta = ckpt.load_checkpoint(
             target, model=self.model, optimizer=self.optimizer, sharded=self.strategy == "fsdp"
@@ -325,55 +294,21 @@ class Trainer:
         same_run = Path(target).resolve().parent == self.ckpt_root.resolve()
         self.wandb_id = state.get("wandb_id") if same_run else None
         self.data.load_state_dict(state["data"][self.env.rank])
-        self._resume_rng = state["rng"][self.env.rank]
+        ckpt.set_rng_state(state["rng"][self.env.rank])
         self.last_ckpt = Path(target)
         log.info("resumed from %s at step %d", target, self.step)
 
     # ------------------------------------------------------------------- loop
 
     def fit(self) -> dict[str, Any]:
-        cfg, t, env = self.cfg, self.cfg.trainer, self.env
+        """Resume (trainer.resume), then train to trainer.max_steps. Returns the summary."""
+        t, env = self.cfg.trainer, self.env
         if t.max_steps == 0:
             log.info("trainer.max_steps=0: built everything, exiting")
             return self._summary()
         self._resume()
         self.train_iter = iter(self.data.train_batches())
-        if self._resume_rng is not None:
-            ckpt.set_rng_state(self._resume_rng)
-        else:
-            set_seed(cfg.seed + 1 + env.rank)  # dropout etc. differ across ranks
-        config_dict = OmegaConf.to_container(cfg, resolve=True)
-        config_dict["run"] = {
-            "params": self.num_params,
-            "flops_per_token": self.flops_per_token,
-            "world_size": env.world_size,
-            "strategy": self.strategy,
-            "precision": self.precision,
-            "grad_accum": self.plan.grad_accum,
-            "git_commit": git_commit() if env.is_main else None,
-            "choices": self.choices,
-            "run_dir": str(self.run_dir),
-        }
-        if env.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.loggers = build_loggers(
-            cfg,
-            run_dir=self.run_dir,
-            run_name=self.run_name,
-            config=config_dict,
-            is_main=env.is_main,
-            resume_id=self.wandb_id,
-        )
-        if self.loggers.wandb is not None:
-            self.wandb_id = self.loggers.wandb.id
-        self.throughput = Throughput(self.flops_per_token, self.peak, env.world_size)
-        self.progress = Progress(
-            t.progress, total=t.max_steps, initial=self.step, enabled=env.is_main
-        )
-        self._interval_loss = 0.0
-        self._interval_steps = 0
-        self._interval_correct = 0.0
-        self._interval_targets = 0.0
+        self._open_outputs()
         preempt = PreemptionHandler()
         start_time = time.perf_counter()
         with preempt:
@@ -411,6 +346,41 @@ class Trainer:
                 self.last_ckpt,
             )
         return summary
+
+    def _open_outputs(self) -> None:
+        """The run directory, the metric sinks (rank 0; wandb continues its run on a resume in
+        the same directory) and the progress display."""
+        env = self.env
+        config = config_dict(self.cfg)
+        config["run"] = {
+            "params": self.num_params,
+            "flops_per_token": self.flops_per_token,
+            "world_size": env.world_size,
+            "strategy": self.strategy,
+            "precision": self.precision,
+            "grad_accum": self.plan.grad_accum,
+            "git_commit": git_commit() if env.is_main else None,
+            "choices": self.choices,
+            "run_dir": str(self.run_dir),
+        }
+        if env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.loggers = build_loggers(
+            self.cfg,
+            run_dir=self.run_dir,
+            run_name=self.run_name,
+            config=config,
+            is_main=env.is_main,
+            resume_id=self.wandb_id,
+        )
+        if self.loggers.wandb is not None:
+            self.wandb_id = self.loggers.wandb.id
+        self.progress = Progress(
+            self.cfg.trainer.progress,
+            total=self.cfg.trainer.max_steps,
+            initial=self.step,
+            enabled=env.is_main,
+        )
 
     def _summary(self) -> dict[str, Any]:
         return {
@@ -515,7 +485,7 @@ class Trainer:
                 self.scheduler.step()
         else:
             self.skipped_in_a_row = 0
-            self.metrics_lr = self.scheduler.get_last_lr()[0]
+            lr = self.scheduler.get_last_lr()[0]
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
@@ -523,33 +493,22 @@ class Trainer:
                 self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-            self._interval_loss += loss_value
-            self._interval_steps += 1
-            self._last_grad_norm = norm_value
+            self.interval.add_update(loss_value, lr, norm_value)
             self.history.append((step, loss_value))
         if has_correct:
-            self._interval_correct += correct
-            self._interval_targets += global_targets
+            self.interval.add_accuracy(correct, global_targets)
         self.step = step
         self.tokens_seen += self.plan.tokens_per_step
         self.throughput.add(time.perf_counter() - start, self.plan.tokens_per_step)
         return stop_votes > 0
 
     def _log_interval(self) -> None:
-        metrics: dict[str, float] = {}
-        if self._interval_steps:
-            metrics["loss"] = self._interval_loss / self._interval_steps
-            metrics["lr"] = self.metrics_lr
-            metrics["grad_norm"] = self._last_grad_norm
-        if self._interval_targets:
-            metrics["accuracy"] = self._interval_correct / self._interval_targets
+        metrics = self.interval.flush()
         metrics.update(self.throughput.flush())
         metrics.update(memory_metrics(self.env.device))
         metrics["tokens_seen"] = float(self.tokens_seen)
         if self.scaler is not None:
             metrics["loss_scale"] = float(self.scaler.get_scale())
-        self._interval_loss, self._interval_steps = 0.0, 0
-        self._interval_correct, self._interval_targets = 0.0, 0.0
         eta = self.throughput.eta_seconds(self.cfg.trainer.max_steps - self.step)
         if self.env.is_main:
             self.progress.interval(self.step, metrics, eta)
@@ -561,16 +520,14 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Loss (and perplexity for LM/MLM, accuracy for MLM/classification) on the val set."""
         env = self.env
-        limit = self.cfg.trainer.eval_batches
         model = self.model if self.strategy == "fsdp" else self.raw_model
         model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, n, correct
         has_correct = False
-        it = iter(self.data.val_batches())
+        it = iter(self.data.val_batches())  # at most trainer.eval_batches per rank
         last_batch = None
-        i = 0
         while True:
-            batch = next(it, None) if (limit is None or i < limit) else None
+            batch = next(it, None)
             if self.strategy == "fsdp":
                 # FSDP forward passes are collectives: go on while any rank has data, with
                 # ranks that ran out repeating their last batch at weight zero.
@@ -586,7 +543,6 @@ class Trainer:
             else:
                 weight = 1.0
             last_batch = batch
-            i += 1
             with self._autocast():
                 out = model(**self._to_device(batch))
             n = out.num_targets.double() * weight
@@ -642,7 +598,7 @@ class Trainer:
             "strategy": self.strategy,
             "params": self.num_params,
             "tokens_seen": self.tokens_seen,
-            "model_config": OmegaConf.to_container(self.cfg.model, resolve=True),
+            "model_config": config_dict(self.cfg)["model"],
             "run_name": self.run_name,
         }
         path = ckpt.save_checkpoint(
@@ -652,7 +608,7 @@ class Trainer:
             optimizer=self.optimizer,
             trainer_state=trainer_state,
             meta=meta,
-            config_yaml=OmegaConf.to_yaml(self.cfg) if env.is_main else "",
+            config_yaml=config_yaml(self.cfg) if env.is_main else "",
             sharded=self.strategy == "fsdp",
             keep_last=self.cfg.trainer.keep_last,
         )

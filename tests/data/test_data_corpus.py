@@ -2,17 +2,22 @@
 
 import pandas as pd
 import pytest
-from datatest_helpers import lm_config, write_jsonl, write_text_corpus
+from data_testing import lm_config, write_jsonl, write_text_corpus
 
 from flashtrain.data import build_data, prepare_data
+from flashtrain.data.config import data_config
 from flashtrain.data.corpus import corpus_cache_dir
 from flashtrain.data.token_cache import TokenCacheError, open_token_file
 from flashtrain.data.tokenization import ByteTokenizer
 
 
+def cache_dir(cfg):
+    return corpus_cache_dir(data_config(cfg), ByteTokenizer(), "append")
+
+
 def split_documents(cfg):
     """The documents (as text) in each split of the prepared cache."""
-    directory = corpus_cache_dir(cfg, ByteTokenizer())
+    directory = cache_dir(cfg)
     docs = {}
     for split in ("train", "validation"):
         f = open_token_file(directory / f"{split}.bin")
@@ -52,8 +57,8 @@ def test_split_is_deterministic_across_cache_dirs(tmp_path):
     prepare_data(first, progress=False)
     prepare_data(second, progress=False)
     for split in ("train", "validation"):
-        a = corpus_cache_dir(first, ByteTokenizer()) / f"{split}.bin"
-        b = corpus_cache_dir(second, ByteTokenizer()) / f"{split}.bin"
+        a = cache_dir(first) / f"{split}.bin"
+        b = cache_dir(second) / f"{split}.bin"
         assert a.read_bytes() == b.read_bytes()
     # The seed, not chance, decides the split: another split_seed holds out other documents.
     reseeded = lm_config(tmp_path, cache_dir=str(tmp_path / "c"), split_seed=7)
@@ -64,7 +69,7 @@ def test_split_is_deterministic_across_cache_dirs(tmp_path):
 def test_cache_is_reused_and_a_damaged_one_refused(tmp_path):
     cfg = lm_config(tmp_path)
     prepare_data(cfg, progress=False)
-    train = corpus_cache_dir(cfg, ByteTokenizer()) / "train.bin"
+    train = cache_dir(cfg) / "train.bin"
     stamp = train.stat().st_mtime_ns
     prepare_data(cfg, progress=False)
     assert train.stat().st_mtime_ns == stamp  # not rewritten
@@ -79,11 +84,18 @@ def test_missing_local_file_says_what_is_allowed(tmp_path):
         prepare_data(cfg)
 
 
-def test_unknown_data_name_lists_known_names():
-    with pytest.raises(ValueError, match="unknown data 'imagenet'.*openwebtext.*pathx"):
-        build_data({"name": "imagenet"}, seq_len=8, micro_batch_size=1, seed=0)
+def test_unknown_loader_and_unknown_keys_list_the_allowed():
+    with pytest.raises(ValueError, match="data.loader='imagenet'; allowed: synthetic, lm_corpus"):
+        build_data({"loader": "imagenet"}, seq_len=8, micro_batch_size=1, seed=0)
+    with pytest.raises(ValueError, match=r"unknown key 'data.val_doc'.*\(LMCorpusConfig\)"):
+        build_data({"loader": "lm_corpus", "val_doc": 3}, seq_len=8, micro_batch_size=1, seed=0)
 
 
-def test_vocab_size_smaller_than_tokenizer_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="vocab_size=100 is smaller than the 258"):
-        build_data(lm_config(tmp_path, vocab_size=100), seq_len=8, micro_batch_size=1, seed=0)
+@pytest.mark.parametrize("vocab_size", [100, 300])
+def test_vocab_size_other_than_the_tokenizers_is_refused(tmp_path, vocab_size):
+    """data.vocab_size is the tokenizer's id count; padding is the model's pad_vocab_multiple."""
+    cfg = lm_config(tmp_path, vocab_size=vocab_size)
+    with pytest.raises(
+        ValueError, match=f"vocab_size={vocab_size} but tokenizer 'byte-utf8' has 258 ids"
+    ):
+        build_data(cfg, seq_len=8, micro_batch_size=1, seed=0)

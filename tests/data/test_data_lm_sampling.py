@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from datatest_helpers import lm_config
+from data_testing import lm_config
 
 from flashtrain.data import build_data
 from flashtrain.data.sampling import EpochSampler
@@ -18,9 +18,15 @@ def cfg(tmp_path_factory):
     return lm_config(tmp_path_factory.mktemp("lm"))
 
 
-def make(cfg, rank=0, world_size=1, seed=0):
+def make(cfg, rank=0, world_size=1, seed=0, eval_batches=None):
     return build_data(
-        cfg, seq_len=SEQ, micro_batch_size=BATCH, seed=seed, rank=rank, world_size=world_size
+        cfg,
+        seq_len=SEQ,
+        micro_batch_size=BATCH,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        eval_batches=eval_batches,
     )
 
 
@@ -111,6 +117,8 @@ def test_validation_is_identical_each_call_and_split_across_ranks(cfg):
         for r in range(2)
     ]
     assert shares[0].isdisjoint(shares[1]) and len(shares[0]) == len(shares[1])
+    capped = [b["input_ids"] for b in make(cfg, eval_batches=1).val_batches()]
+    assert len(first) > 1 and len(capped) == 1 and torch.equal(capped[0], first[0])
 
 
 def test_sampler_without_enough_items_for_every_rank_is_refused():

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from datatest_helpers import write_jsonl
+from data_testing import write_jsonl
 
 from flashtrain.data import build_data
 
@@ -19,7 +19,7 @@ def records(count=20):
 
 def config(tmp_path, path, **kw):
     return {
-        "name": "long_doc",
+        "loader": "long_doc",
         "data_files": str(path),
         "cache_dir": str(tmp_path / "cache"),
         "num_classes": 3,

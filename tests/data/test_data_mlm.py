@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from datatest_helpers import lm_config, write_wordpiece_vocab
+from data_testing import lm_config, write_wordpiece_vocab
 
 from flashtrain.data import build_data
 from flashtrain.data.masking import mask_tokens
@@ -58,13 +58,14 @@ def test_max_predictions_caps_the_count():
 @pytest.fixture(scope="module")
 def mlm_cfg(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlm")
-    write_wordpiece_vocab(root / "vocab.txt")
+    vocab = write_wordpiece_vocab(root / "vocab.txt")
     return lm_config(
         root,
+        loader="mlm",
         name="bert_mlm",
         tokenizer="wordpiece",
         tokenizer_path=str(root / "vocab.txt"),
-        vocab_size=32,
+        vocab_size=len(vocab),
     )
 
 
@@ -76,7 +77,7 @@ def test_mlm_batches_are_masked_sentence_pairs(mlm_cfg):
     module = make(mlm_cfg)
     tokens = np.asarray(module.splits["train"].tokens, dtype=np.int64)
     tok = module.tok
-    assert (module.task, module.vocab_size) == ("mlm", 32)
+    assert (module.task, module.vocab_size) == ("mlm", 24)  # the vocab.txt lines
     for batch in itertools.islice(module.train_batches(), 5):
         for key in ("input_ids", "token_type_ids", "attention_mask", "labels"):
             assert batch[key].shape == (4, 48) and batch[key].dtype == torch.int64

@@ -2,18 +2,27 @@
 
 import itertools
 
+import pytest
 import torch
-from datatest_helpers import lm_config
+from data_testing import lm_config
 
 from flashtrain.data import build_data
 
 
-def make(cfg, rank=0, world_size=1):
-    return build_data(cfg, seq_len=24, micro_batch_size=2, seed=3, rank=rank, world_size=world_size)
+def make(cfg, rank=0, world_size=1, eval_batches=1):
+    return build_data(
+        cfg,
+        seq_len=24,
+        micro_batch_size=2,
+        seed=3,
+        rank=rank,
+        world_size=world_size,
+        eval_batches=eval_batches,
+    )
 
 
 def test_streaming_resume_is_exact_even_with_a_shuffle_buffer(tmp_path):
-    cfg = lm_config(tmp_path, streaming=True, val_docs=1, shuffle_buffer=4)
+    cfg = lm_config(tmp_path, streaming=True, shuffle_buffer=4)
     module = make(cfg)
     stream = module.train_batches()
     # Run past the end of the first epoch (7 documents of ~1 kB = ~150 windows of 25 tokens).
@@ -29,18 +38,30 @@ def test_streaming_resume_is_exact_even_with_a_shuffle_buffer(tmp_path):
 
 
 def test_streaming_ranks_read_different_documents_and_validation_is_held_out(tmp_path):
-    cfg = lm_config(tmp_path, streaming=True, val_docs=2, shuffle_buffer=0)
+    cfg = lm_config(tmp_path, streaming=True, shuffle_buffer=0)
     rows = []
     for rank in range(2):
         batch = next(make(cfg, rank, 2).train_batches())
         assert batch["input_ids"].shape == (2, 24)
         rows.append(tuple(batch["input_ids"][0].tolist()))
     assert rows[0] != rows[1]
+    # Validation = the first documents (files in sorted order), as many as eval_batches take:
+    # one batch of 2 x 25 tokens fits in the first document; training starts at the second.
+    texts = [p.read_text() for p in sorted((tmp_path / "corpus").glob("*.txt"))]
     module = make(cfg)
     val = [b["input_ids"] for b in module.val_batches()]
-    assert all(torch.equal(a, b["input_ids"]) for a, b in zip(val, module.val_batches()))
-    # Validation = the first 2 documents (files in sorted order); training starts at the third.
-    texts = [p.read_text() for p in sorted((tmp_path / "corpus").glob("*.txt"))]
+    assert len(val) == 1 and all(
+        torch.equal(a, b["input_ids"]) for a, b in zip(val, module.val_batches())
+    )
     assert val[0][0].tolist() == list(texts[0].encode()[:24])
     train_first = next(module.train_batches())["input_ids"][0]
-    assert train_first.tolist() == list(texts[2].encode()[:24])
+    assert train_first.tolist() == list(texts[1].encode()[:24])
+    # More evaluation holds out more documents: 16 batches x 2 x 25 = 800 tokens take two.
+    assert len(texts[0].encode()) + 1 < 800 <= len(texts[0].encode()) + len(texts[1].encode()) + 2
+    more = make(cfg, eval_batches=16)
+    assert more.held_out_docs == 2
+    assert next(more.train_batches())["input_ids"][0].tolist() == list(texts[2].encode()[:24])
+    with pytest.raises(ValueError, match="held_out_docs=2, this run has 1"):
+        module.load_state_dict(more.state_dict())
+    with pytest.raises(ValueError, match="set trainer.eval_batches"):
+        make(cfg, eval_batches=None)

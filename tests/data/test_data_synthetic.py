@@ -13,10 +13,16 @@ from flashtrain.data.synthetic import recall_optimal_loss
 KEYS, VALUES = 32, 32
 
 
-def make(seq_len=256, batch=64, rank=0, world_size=1, **cfg):
-    config = {"name": "synthetic", "num_keys": KEYS, "num_values": VALUES, "vocab_size": 64} | cfg
+def make(seq_len=256, batch=64, rank=0, world_size=1, eval_batches=4, **cfg):
+    config = {"loader": "synthetic", "num_keys": KEYS, "num_values": VALUES, "vocab_size": 64}
     return build_data(
-        config, seq_len=seq_len, micro_batch_size=batch, seed=5, rank=rank, world_size=world_size
+        config | cfg,
+        seq_len=seq_len,
+        micro_batch_size=batch,
+        seed=5,
+        rank=rank,
+        world_size=world_size,
+        eval_batches=eval_batches,
     )
 
 
@@ -101,5 +107,14 @@ def test_ranks_split_the_global_stream_and_resume_is_exact():
     resumed.load_state_dict(state)
     assert torch.equal(next(resumed.train_batches())["input_ids"], expected["input_ids"])
     val = [b["input_ids"] for b in module.val_batches()]
-    assert sum(len(v) for v in val) == 256
+    assert len(val) == 4 and sum(len(v) for v in val) == 16  # eval_batches x micro-batch
     assert all(torch.equal(a, b["input_ids"]) for a, b in zip(val, module.val_batches()))
+
+
+def test_validation_size_is_the_trainers_eval_batches():
+    """eval_batches batches per rank, the ranks' shares disjoint; generated data needs a number."""
+    shares = [make(batch=2, rank=r, world_size=2, eval_batches=3).val_batches() for r in range(2)]
+    rows = [tuple(row.tolist()) for share in shares for b in share for row in b["input_ids"]]
+    assert [len(share) for share in shares] == [3, 3] and len(set(rows)) == 12
+    with pytest.raises(ValueError, match="set trainer.eval_batches"):
+        make(eval_batches=None)

@@ -3,8 +3,9 @@
 import json
 
 import pytest
-from datatest_helpers import write_wordpiece_vocab
+from data_testing import write_wordpiece_vocab
 
+from flashtrain.data.config import LMCorpusConfig
 from flashtrain.data.tokenization import ByteTokenizer, build_tokenizer, load_gpt2, load_wordpiece
 
 
@@ -46,7 +47,7 @@ def test_gpt2_bpe_from_local_vocab_and_merges(tmp_path):
 def test_gpt2_found_in_the_cache_dir_tokenizers_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     _write_tiny_gpt2_files(tmp_path / "cache" / "tokenizers" / "gpt2")
-    tok = build_tokenizer({"tokenizer": "gpt2"}, tmp_path / "cache")
+    tok = build_tokenizer(LMCorpusConfig(tokenizer="gpt2"), tmp_path / "cache")
     assert tok.encode_batch(["ab"]) == [[3]]
 
 
@@ -55,7 +56,7 @@ def test_missing_gpt2_files_say_what_to_download_and_where(tmp_path, monkeypatch
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))
     monkeypatch.delenv("FLASHTRAIN_TOKENIZERS", raising=False)
     with pytest.raises(FileNotFoundError) as error:
-        build_tokenizer({"tokenizer": "gpt2"}, tmp_path / "cache")
+        build_tokenizer(LMCorpusConfig(tokenizer="gpt2"), tmp_path / "cache")
     message = str(error.value)
     assert "vocab.json" in message and "merges.txt" in message
     assert str(tmp_path / "cache" / "tokenizers" / "gpt2") in message
@@ -64,12 +65,12 @@ def test_missing_gpt2_files_say_what_to_download_and_where(tmp_path, monkeypatch
 def test_missing_wordpiece_vocab_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(FileNotFoundError, match="vocab.txt"):
-        build_tokenizer({"tokenizer": "wordpiece"}, tmp_path / "cache")
+        build_tokenizer(LMCorpusConfig(tokenizer="wordpiece"), tmp_path / "cache")
 
 
 def test_unknown_tokenizer_lists_the_allowed_ones(tmp_path):
     with pytest.raises(ValueError, match="byte, gpt2, wordpiece"):
-        build_tokenizer({"tokenizer": "sentencepiece"}, tmp_path)
+        build_tokenizer(LMCorpusConfig(tokenizer="sentencepiece"), tmp_path)
 
 
 def test_gpt2_found_in_the_tiktoken_cache(tmp_path, monkeypatch):
@@ -84,5 +85,5 @@ def test_gpt2_found_in_the_tiktoken_cache(tmp_path, monkeypatch):
     for name, source in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
         cached = hashlib.sha1(_TIKTOKEN_GPT2[name].encode()).hexdigest()
         (tmp_path / "tiktoken" / cached).write_bytes((tmp_path / "files" / source).read_bytes())
-    tok = build_tokenizer({"tokenizer": "gpt2"}, tmp_path / "cache")
+    tok = build_tokenizer(LMCorpusConfig(tokenizer="gpt2"), tmp_path / "cache")
     assert tok.encode_batch(["ab ab"]) == [[3, 4]]

@@ -51,7 +51,9 @@ def test_dataset_splits_are_80_10_10_and_balanced(root):
 
 def test_datamodule_batches_ranks_and_seq_len_check(root):
     cfg = {
+        "loader": "pathfinder",
         "name": "pathfinder32",
+        "resolution": 32,
         "num_samples": 40,
         "contour_length": 6,
         "generator_seed": 6,

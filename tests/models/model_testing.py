@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from omegaconf import OmegaConf
+from config_testing import compose
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-
-REPO = Path(__file__).resolve().parents[2]
-MODEL_CONFIGS = REPO / "configs" / "model"
-ATTENTION_CONFIGS = REPO / "configs" / "attention"
 
 # Tiny shapes for the Triton interpreter: head_dim 32, seq <= 64, 2 layers.
 TINY_GPT2 = dict(arch="gpt2", n_layer=2, n_head=2, d_model=64, max_seq_len=64, vocab_size=97)
@@ -33,19 +27,17 @@ TINY_CLASSIFIER = dict(
 
 
 def load_model_config(name: str, seq_len: int, vocab_size: int, num_classes: int | None = None):
-    """configs/model/<name>.yaml resolved the way train.yaml composes it (model: <group>)."""
-    root = OmegaConf.create(
-        {
-            "seq_len": seq_len,
-            "data": {"vocab_size": vocab_size, "num_classes": num_classes},
-            "model": OmegaConf.load(MODEL_CONFIGS / f"{name}.yaml"),
-        }
-    )
-    return root.model
+    """configs/model/<name>.yaml composed the way train.py composes it (model=<name>), with the
+    vocabulary (and classes) the data would give it."""
+    model = compose([f"model={name}", f"seq_len={seq_len}"]).model
+    model.vocab_size = vocab_size
+    if "num_classes" in model:
+        model.num_classes = num_classes
+    return model
 
 
 def load_attention_config(name: str):
-    return OmegaConf.load(ATTENTION_CONFIGS / f"{name}.yaml")
+    return compose([f"attention={name}"]).attention
 
 
 def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:

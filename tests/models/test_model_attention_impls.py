@@ -5,7 +5,7 @@ import pytest
 import torch
 from model_testing import TINY_BERT, TINY_CLASSIFIER, TINY_GPT2, grads
 
-from flashtrain.models import AttentionConfig, AttentionContext, AttentionOp, build_model
+from flashtrain.models import AttentionContext, build_attention, build_model
 
 IMPLS = [
     pytest.param(("flash", "triton"), id="flash-kernels"),
@@ -107,7 +107,7 @@ def test_attention_dropout_goes_through_the_op(impl, monkeypatch):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_op_with_a_key_padding_mask_matches_across_impls(causal, monkeypatch):
-    """AttentionOp on a padded (B, T, H, D) layout with a key-padding mask: flash unpads, runs the
+    """An attention backend on a padded (B, T, H, D) layout with a key-padding mask: flash unpads, runs the
     varlen kernel and pads back; sdpa and reference mask the keys. Same output at real tokens."""
     monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
     g = torch.Generator().manual_seed(4)
@@ -115,13 +115,10 @@ def test_op_with_a_key_padding_mask_matches_across_impls(causal, monkeypatch):
     mask = torch.ones(2, 24, dtype=torch.bool)
     mask[0, 17:] = False
     ctx = AttentionContext(causal=causal, key_padding_mask=mask)
-    outs = {
-        impl: AttentionOp(AttentionConfig(impl=impl))(q, k, v, ctx)
-        for impl in ("flash", "sdpa", "reference")
-    }
+    outs = {impl: build_attention(impl)(q, k, v, ctx) for impl in ("flash", "sdpa", "reference")}
     for impl in ("flash", "sdpa"):
         torch.testing.assert_close(outs[impl][mask], outs["reference"][mask], rtol=1e-5, atol=1e-6)
     assert outs["flash"][0, 17:].abs().max() == 0
     if not causal:  # (causal with right padding never reaches the padded keys anyway)
-        unmasked = AttentionOp(AttentionConfig(impl="reference"))(q, k, v, AttentionContext())
+        unmasked = build_attention("reference")(q, k, v, AttentionContext())
         assert (unmasked[0, :17] - outs["reference"][0, :17]).abs().max() > 1e-3

@@ -5,8 +5,9 @@ import pytest
 import torch
 from model_testing import TINY_GPT2, grads, load_attention_config
 
+from flashtrain.attention import sparsity
 from flashtrain.attention.reference import attention_reference, expand_block_mask
-from flashtrain.models import BLOCKSPARSE_PATTERNS, build_model
+from flashtrain.models import build_model
 
 SEQ = 256  # 4 blocks of 64
 CFG = {**TINY_GPT2, "max_seq_len": SEQ}
@@ -27,8 +28,8 @@ def run(impl_cfg, ids, element_mask=None):
             if p.dim() > 1:
                 p.normal_(0, 0.3 / p.shape[-1] ** 0.5)
     if element_mask is not None:  # the reference, restricted to the block layout's elements
-        model.attn_op._reference = lambda q, k, v, mask, causal, p: attention_reference(
-            q, k, v, causal=causal, element_mask=element_mask
+        model.attn_op.forward = lambda q, k, v, ctx, dropout_p=0.0: attention_reference(
+            q, k, v, causal=ctx.causal, element_mask=element_mask
         )[0]
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
@@ -55,7 +56,7 @@ def check_against_reference(pattern, block_size, seq_ids):
     return model, layout
 
 
-@pytest.mark.parametrize("pattern", BLOCKSPARSE_PATTERNS)
+@pytest.mark.parametrize("pattern", sorted(sparsity.PATTERNS))
 def test_pattern_matches_reference_with_its_mask(pattern, monkeypatch):
     monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
     ids = torch.randint(0, 97, (1, SEQ), generator=torch.Generator().manual_seed(1))

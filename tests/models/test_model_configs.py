@@ -3,17 +3,19 @@ and bad configs fail with errors that say what is allowed."""
 
 import pytest
 import torch
-from model_testing import (
-    ATTENTION_CONFIGS,
-    MODEL_CONFIGS,
-    TINY_CLASSIFIER,
-    TINY_GPT2,
-    load_attention_config,
-    load_model_config,
-)
+from config_testing import CONFIGS, group_options
+from model_testing import TINY_CLASSIFIER, TINY_GPT2, load_attention_config, load_model_config
 from omegaconf import OmegaConf
 
-from flashtrain.models import GPT2, Bert, SequenceClassifier, build_model
+from flashtrain.models import (
+    ATTENTION_BACKENDS,
+    GPT2,
+    Bert,
+    SequenceClassifier,
+    build_model,
+    model_config,
+)
+from flashtrain.typed_config import ConfigError
 
 
 def gpt2_params(n_layer, d, vocab=50257, positions=1024):
@@ -77,15 +79,11 @@ def test_padding_the_vocab_to_64():
     assert model.num_parameters() == 124_439_808 + (50304 - 50257) * 768
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in MODEL_CONFIGS.glob("*.yaml")))
+@pytest.mark.parametrize("name", group_options("model"))
 @pytest.mark.parametrize("attention", ["flash", "sdpa", "reference"])
 def test_every_model_config_builds(name, attention):
     cfg = load_model_config(name, 4096, 256, num_classes=2)
-    for key in ("arch", "recompute", "recompute_every", "max_seq_len", "vocab_size"):
-        assert key in cfg, f"{name}.yaml lacks {key}"
-    raw = OmegaConf.to_container(OmegaConf.load(MODEL_CONFIGS / f"{name}.yaml"), resolve=False)
-    assert raw["max_seq_len"] == "${seq_len}"
-    assert raw["vocab_size"] == "${data.vocab_size}"
+    assert cfg.max_seq_len == 4096  # ${seq_len}
     with torch.device("meta"):
         model = build_model(cfg, load_attention_config(attention))
     assert model.attn_op.impl == attention
@@ -94,10 +92,24 @@ def test_every_model_config_builds(name, attention):
     assert model.estimate_flops_per_token(4096) > 6 * model.num_parameters(non_embedding=True)
 
 
+def test_model_files_hold_only_what_differs():
+    """A base file per architecture puts the run's context and vocabulary on its schema; a size
+    file names its base and only the sizes that differ from it."""
+    for name in group_options("model"):
+        raw = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / f"{name}.yaml"))
+        base = raw.pop("defaults")[0]
+        if base.startswith("/schema/model/"):
+            assert raw["max_seq_len"] == "${seq_len}" and "${data." in raw["vocab_size"], name
+            continue
+        assert base in group_options("model"), name
+        assert set(raw) <= {"n_layer", "n_head", "d_model", "d_ff"}, name
+        base_cfg = load_model_config(base, 1024, 256)
+        assert all(raw[k] != base_cfg[k] for k in raw), name
+
+
 def test_attention_configs_name_their_impl():
-    names = sorted(p.stem for p in ATTENTION_CONFIGS.glob("*.yaml"))
-    assert names == ["blocksparse", "flash", "reference", "sdpa"]
-    for name in names:
+    assert group_options("attention") == sorted(ATTENTION_BACKENDS)
+    for name in group_options("attention"):
         assert load_attention_config(name).impl == name
 
 
@@ -124,7 +136,7 @@ def test_flops_per_token_is_6n_plus_attention():
 
 
 def test_unknown_arch_lists_the_allowed():
-    with pytest.raises(ValueError, match=r"unknown model arch 'llama'.*gpt2, bert, classifier"):
+    with pytest.raises(ValueError, match=r"model.arch='llama'; allowed: gpt2, bert, classifier"):
         build_model({**TINY_GPT2, "arch": "llama"}, {"impl": "sdpa"})
 
 
@@ -177,10 +189,16 @@ def test_seq_len_beyond_the_positional_table():
 
 
 def test_unknown_keys_and_bad_values():
-    with pytest.raises(ValueError, match=r"unknown GPT2Config key\(s\) \['n_layers'\].*n_layer"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'model.n_layers'.*\(GPT2Config\): arch, n_layer"
+    ):
         build_model({**TINY_GPT2, "n_layers": 3}, {"impl": "sdpa"})
-    with pytest.raises(ValueError, match=r"unknown attention config key\(s\) \['window'\]"):
+    with pytest.raises(ConfigError, match=r"unknown key 'attention.window'.*: impl$"):
         build_model(TINY_GPT2, {"impl": "sdpa", "window": 3})
+    with pytest.raises(ConfigError, match=r"unknown key 'attention.pattern'"):
+        build_model(TINY_GPT2, {"impl": "flash", "pattern": "local"})  # blocksparse's key
+    with pytest.raises(ConfigError, match=r"model.n_layer: Value 'two' .* Integer"):
+        model_config({**TINY_GPT2, "n_layer": "two"})
     with pytest.raises(ValueError, match="recompute='some'; allowed: none, all, every_k"):
         build_model({**TINY_GPT2, "recompute": "some"}, {"impl": "sdpa"})
     with pytest.raises(ValueError, match="recompute_every"):

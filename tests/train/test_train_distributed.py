@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from train_testing import TINY, compose, read_metrics, run_train, step_losses
+from config_testing import compose
+from train_testing import TINY, read_metrics, run_train, step_losses
 
 from flashtrain.models import build_model
 from flashtrain.train import run
@@ -23,7 +24,8 @@ def _approx(a: dict, b: dict):
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    """The one-process reference: global batch 8 = micro-batch 4 x 2 accumulation steps."""
+    """The one-process reference: global batch 8 = micro-batch 4 x 2 accumulation steps, and the
+    validation set of two ranks x 4 batches (trainer.eval_batches counts per rank)."""
     tmp = tmp_path_factory.mktemp("single")
     import torch
 
@@ -33,7 +35,7 @@ def single(tmp_path_factory):
 
     os.environ["FLASHTRAIN_CPU_ATTENTION"] = "torch"
     try:
-        out = run(compose(TINY + STEPS + [f"data.cache_dir={tmp / 'cache'}"]), tmp / "run")
+        out = run(compose(TINY + STEPS + ["trainer.eval_batches=8"]), tmp / "run")
     finally:
         torch.set_num_threads(threads)
     return {s: v for s, v in out["losses"]}, out["evals"][-1][1]
@@ -41,11 +43,11 @@ def single(tmp_path_factory):
 
 def test_ddp_on_two_processes_matches_one_process(tmp_path, single):
     losses, evals = single
-    res = run_train(TINY + STEPS + ["data.cache_dir=cache"], cwd=tmp_path, nproc=2)
+    res = run_train(TINY + STEPS, cwd=tmp_path, nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
     # one run directory, made by rank 0; the other rank wrote nothing anywhere
     (run_dir,) = (tmp_path / "outputs").glob("*/*")
-    assert {p.name for p in tmp_path.iterdir()} <= {"cache", "outputs"}
+    assert {p.name for p in tmp_path.iterdir()} == {"outputs"}
     assert (run_dir / ".hydra").is_dir() and (run_dir / "train.log").is_file()
     assert res.stdout.count("resolved config:") == 1
     assert "micro 4 x 2 ranks x 1 accumulation" in res.stdout and "strategy: ddp" in res.stdout
@@ -59,7 +61,7 @@ def test_ddp_on_two_processes_matches_one_process(tmp_path, single):
 def test_fsdp2_trains_checkpoints_and_resumes(tmp_path, single):
     losses, _ = single
     first = TINY + STEPS + ["trainer.strategy=fsdp", "trainer.ckpt_interval=2"]
-    res = run_train(first + ["data.cache_dir=cache", "hydra.run.dir=a"], cwd=tmp_path, nproc=2)
+    res = run_train(first + ["hydra.run.dir=a"], cwd=tmp_path, nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "strategy: fsdp" in res.stdout
     full = step_losses(tmp_path / "a" / "metrics.jsonl")
@@ -69,7 +71,7 @@ def test_fsdp2_trains_checkpoints_and_resumes(tmp_path, single):
     meta = json.loads((ckpts[0].path / "meta.json").read_text())
     assert meta["format"] == "dcp" and sorted(p.name for p in ckpts[0].path.glob("*.distcp"))
 
-    resume = first + [f"trainer.resume={ckpts[0].path}", "data.cache_dir=cache", "hydra.run.dir=b"]
+    resume = first + [f"trainer.resume={ckpts[0].path}", "hydra.run.dir=b"]
     res = run_train(resume, cwd=tmp_path, nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resumed from" in res.stdout
@@ -77,7 +79,7 @@ def test_fsdp2_trains_checkpoints_and_resumes(tmp_path, single):
     assert resumed == {s: full[s] for s in (3, 4)}  # exactly
 
     # resuming on another number of processes is refused (data and RNG positions are per rank)
-    cfg = compose(TINY + STEPS + [f"trainer.resume={ckpts[0].path}", "data.cache_dir=x"])
+    cfg = compose(TINY + STEPS + [f"trainer.resume={ckpts[0].path}"])
     with pytest.raises(CheckpointError, match="--nproc_per_node matching 2"):
         run(cfg, tmp_path / "c")
     # ... but the sharded weights load into a single process through the checkpoint API

@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 import torch
-from train_testing import TINY, compose, read_metrics, run_train, step_losses, subprocess_env
+from config_testing import compose
+from train_testing import TINY, read_metrics, run_train, step_losses, subprocess_env
 
 from flashtrain.train import ConfigError, run
 from flashtrain.train.checkpoint import CheckpointError, find_checkpoints
@@ -61,7 +62,7 @@ def test_default_command_trains_evaluates_checkpoints_and_logs(tmp_path):
 
 
 def _tiny(tmp_path, *extra):
-    return compose(TINY + [f"data.cache_dir={tmp_path / 'cache'}", *extra])
+    return compose(TINY + list(extra))
 
 
 def test_resume_continues_with_exactly_the_same_losses(tmp_path):
@@ -222,7 +223,6 @@ def test_classification_and_mlm_report_accuracy(tmp_path):
         "model.n_head=2",
         "model.d_model=32",
         "model.d_ff=64",
-        f"data.cache_dir={tmp_path / 'cache'}",
     ]
     cls = run(
         compose(
@@ -233,6 +233,7 @@ def test_classification_and_mlm_report_accuracy(tmp_path):
                 "seq_len=1024",
                 "data.num_samples=40",
                 "data.num_workers=1",
+                f"data.cache_dir={tmp_path / 'cache'}",
             ]
         ),
         tmp_path / "cls",
@@ -258,7 +259,8 @@ def test_classification_and_mlm_report_accuracy(tmp_path):
                 f"data.data_files={corpus}",
                 f"data.tokenizer_path={vocab}",
                 "data.sample_by=paragraph",
-                "data.vocab_size=64",
+                "data.vocab_size=22",  # the lines of vocab.txt
+                f"data.cache_dir={tmp_path / 'cache'}",
             ]
         ),
         tmp_path / "mlm",

@@ -11,17 +11,19 @@ import time
 
 import pytest
 import torch
-from train_testing import REPO, TINY, compose, read_metrics, subprocess_env
+from config_testing import REPO, compose
+from train_testing import TINY, read_metrics, subprocess_env
 
 import flashtrain.models
-from flashtrain.train import run
+import flashtrain.train.trainer
+from flashtrain.train import run, validate_config
 from flashtrain.train.checkpoint import find_checkpoints
 from flashtrain.train.entry import EXIT_PREEMPTED
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
 
 
 def _tiny(tmp_path, *extra):
-    return compose(TINY + [f"data.cache_dir={tmp_path / 'cache'}", *extra])
+    return compose(TINY + list(extra))
 
 
 def _patch_forward(monkeypatch, transform):
@@ -43,7 +45,7 @@ def _patch_forward(monkeypatch, transform):
         model.forward = patched
         return model
 
-    monkeypatch.setattr(flashtrain.models, "build_model", build)
+    monkeypatch.setattr(flashtrain.train.trainer, "build_model", build)
 
 
 def _nan_at_step(step, accum=2):
@@ -146,12 +148,14 @@ def test_sigterm_to_the_command(tmp_path):
 
 
 def test_oom_advice_names_the_overrides():
-    cfg = compose(["micro_batch_size=8", "trainer.strategy=ddp"])
+    cfg = validate_config(compose(["micro_batch_size=8", "trainer.strategy=ddp"]))
     text = oom_advice(cfg, torch.device("cpu"), RuntimeError("CUDA out of memory. Tried 2 GiB"))
     assert "Tried 2 GiB" in text
     for hint in ("model.recompute=all", "micro_batch_size=4", "trainer.strategy=fsdp", "seq_len="):
         assert hint in text
-    cfg = compose(["micro_batch_size=1", "model.recompute=all", "trainer.strategy=fsdp"])
+    cfg = validate_config(
+        compose(["micro_batch_size=1", "model.recompute=all", "trainer.strategy=fsdp"])
+    )
     text = oom_advice(cfg, torch.device("cpu"))
     assert "model.recompute=all" not in text and "micro_batch_size=" not in text
 

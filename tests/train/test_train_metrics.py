@@ -186,3 +186,16 @@ def test_a_measured_cpu_speed_above_the_estimate_becomes_the_peak():
     )
     if est.flops is not None:
         assert M.device_peak_flops(cpu, "fp32", measured=1.0) == est
+
+
+def test_interval_stats_average_the_updates_and_the_targets():
+    from flashtrain.train.interval import IntervalStats
+
+    stats = IntervalStats()
+    assert stats.flush() == {}
+    stats.add_update(2.0, lr=1e-3, grad_norm=0.5)
+    stats.add_update(4.0, lr=2e-3, grad_norm=0.7)
+    stats.add_accuracy(3.0, 4.0)
+    stats.add_accuracy(1.0, 4.0)  # a skipped step still scores its targets
+    assert stats.flush() == {"loss": 3.0, "lr": 2e-3, "grad_norm": 0.7, "accuracy": 0.5}
+    assert stats.flush() == {}  # the next interval starts empty

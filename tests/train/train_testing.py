@@ -1,4 +1,4 @@
-"""Helpers for the trainer tests: config composition, tiny-model overrides, subprocess runs."""
+"""Helpers for the trainer tests: tiny-model overrides, subprocess runs, metrics files."""
 
 from __future__ import annotations
 
@@ -9,10 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIGS = REPO / "configs"
-if str(REPO) not in sys.path:  # the package may not be pip-installed
-    sys.path.insert(0, str(REPO))
+from config_testing import REPO
 
 # A GPT-2 small enough for a CPU step in tens of milliseconds.
 TINY = [
@@ -23,22 +20,11 @@ TINY = [
     "seq_len=64",
     "micro_batch_size=4",
     "global_batch_size=8",
-    "data.val_sequences=16",
+    "trainer.eval_batches=4",
     "logger=none",
     "trainer.progress=lines",
     "trainer.log_interval=1",
 ]
-
-
-def compose(overrides: list[str] | tuple[str, ...] = ()):
-    """configs/train.yaml with overrides, as train.py would see it (minus the hydra node)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    import flashtrain.train  # noqa: F401  (registers the config resolvers)
-
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return hydra_compose("train", overrides=list(overrides))
 
 
 def free_port() -> int:

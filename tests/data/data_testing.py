@@ -40,6 +40,7 @@ def lm_config(tmp_path: Path, **overrides) -> dict:
     if not corpus.exists():
         write_text_corpus(corpus)
     cfg = {
+        "loader": "lm_corpus",
         "name": "text_files",
         "data_files": str(corpus / "*.txt"),
         "cache_dir": str(tmp_path / "cache"),

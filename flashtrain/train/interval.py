@@ -1,0 +1,38 @@
+"""The training metrics of one logging interval: mean loss per update, the last lr and grad norm,
+and accuracy over every target seen (MLM, classification)."""
+
+from __future__ import annotations
+
+
+class IntervalStats:
+    def __init__(self) -> None:
+        self.lr = float("nan")
+        self.grad_norm = float("nan")
+        self._reset()
+
+    def _reset(self) -> None:
+        self.loss_sum, self.updates = 0.0, 0
+        self.correct, self.targets = 0.0, 0.0
+
+    def add_update(self, loss: float, lr: float, grad_norm: float) -> None:
+        """An optimizer step that was taken (skipped non-finite steps are not counted)."""
+        self.loss_sum += loss
+        self.updates += 1
+        self.lr, self.grad_norm = lr, grad_norm
+
+    def add_accuracy(self, correct: float, targets: float) -> None:
+        self.correct += correct
+        self.targets += targets
+
+    def flush(self) -> dict[str, float]:
+        """{loss, lr, grad_norm} when an update was made, {accuracy} when targets were scored;
+        then starts the next interval."""
+        metrics: dict[str, float] = {}
+        if self.updates:
+            metrics["loss"] = self.loss_sum / self.updates
+            metrics["lr"] = self.lr
+            metrics["grad_norm"] = self.grad_norm
+        if self.targets:
+            metrics["accuracy"] = self.correct / self.targets
+        self._reset()
+        return metrics

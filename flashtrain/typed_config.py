@@ -1,0 +1,110 @@
+"""The one way a config section becomes its typed dataclass.
+
+Every config group has a dataclass (its schema; Hydra composes each YAML group option on top of
+it, see flashtrain/train/config_store.py). Code below the trainer takes either an instance or a
+mapping (a Hydra DictConfig, a plain dict): `to_dataclass` merges the mapping into the schema with
+OmegaConf, so an unknown key, a wrong type or a missing required value fails here, naming the key
+and what is allowed, and the dataclass's __post_init__ checks the values. Groups with several
+schemas (model, attention, data) pick one by a discriminator key (`arch`, `impl`, `loader`) whose
+default each schema sets: `typed_group`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says what is wrong and how to fix it."""
+
+
+def field_names(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def _plain(cfg: Any, what: str) -> dict:
+    """A resolved plain dict of a mapping (interpolations resolved, `???` kept as `???`)."""
+    if isinstance(cfg, Mapping) and not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(dict(cfg))
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    raise ConfigError(f"{what} must be a mapping (dict or DictConfig), got {type(cfg).__name__}")
+
+
+def _key(what: str, key: Any) -> str:
+    """A dotted key below the section `what` ("" for the root config)."""
+    return f"{what}.{key}" if what else str(key)
+
+
+def describe_unknown_key(error: BaseException, what: str = "") -> str | None:
+    """For OmegaConf's "Key 'x' not in 'Schema'" errors: the key and the schema's keys, else None."""
+    for err in (error, error.__cause__, error.__context__):
+        if not isinstance(err, (ConfigKeyError, ConfigAttributeError)):
+            continue
+        schema = getattr(err, "object_type", None)
+        if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+            continue
+        full_key = _key(what, err.full_key)
+        section = full_key.rpartition(".")[0] or "the config"
+        return (
+            f"unknown key '{full_key}'; allowed keys of {section} ({schema.__name__}): "
+            f"{', '.join(field_names(schema))}"
+        )
+    return None
+
+
+def to_dataclass(schema: type[T], cfg: Any, *, what: str) -> T:
+    """`cfg` (an instance of `schema`, or a mapping) as a checked instance of `schema`.
+
+    what: the section's key for messages ("data", "trainer"; "" for the root config)."""
+    if isinstance(cfg, schema):
+        return cfg
+    data = _plain(cfg, what)
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(schema), data)
+        return OmegaConf.to_object(node)
+    except (ConfigKeyError, ConfigAttributeError) as e:
+        raise ConfigError(describe_unknown_key(e, what) or f"{what or 'config'}: {e}") from None
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{_key(what, e.full_key)} is required (no default); set it") from None
+    except ValidationError as e:
+        raise ConfigError(f"{_key(what, e.full_key)}: {e.msg}") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{what or 'config'}: {e}") from None
+    except ConfigError:
+        raise
+    except ValueError as e:  # a dataclass's own check (__post_init__)
+        raise ConfigError(str(e)) from None
+
+
+def typed_group(cfg: Any, schemas: Mapping[str, type], *, key: str, what: str) -> Any:
+    """A config group with several schemas: `cfg[key]` (e.g. model.arch) picks the schema."""
+    is_instance = dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)
+    choice = getattr(cfg, key, None) if is_instance else _plain(cfg, what).get(key)
+    if choice not in schemas:
+        raise ConfigError(f"{_key(what, key)}={choice!r}; allowed: {', '.join(schemas)}")
+    schema = schemas[choice]
+    if is_instance and not isinstance(cfg, schema):
+        raise ConfigError(
+            f"{_key(what, key)}={choice!r} belongs to {schema.__name__}, not {type(cfg).__name__}"
+        )
+    return to_dataclass(schema, cfg, what=what)
+
+
+def check_choice(value: Any, allowed: tuple | list, key: str) -> None:
+    """A ValueError naming the key, the value and the allowed ones (for __post_init__ checks)."""
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r}; allowed: {', '.join(map(str, allowed))}")

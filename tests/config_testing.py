@@ -1,0 +1,28 @@
+"""Composing configs/train.yaml in tests exactly as train.py does (Hydra, the registered schemas)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+if str(REPO) not in sys.path:  # the package may not be pip-installed
+    sys.path.insert(0, str(REPO))
+
+
+def compose(overrides: list[str] | tuple[str, ...] = ()):
+    """configs/train.yaml with overrides, as train.py would see it (minus the hydra node)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import flashtrain.train  # noqa: F401  (registers the schemas and the config resolvers)
+
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides))
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: configs/<group>/**/*.yaml without the suffix."""
+    root = CONFIGS / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))

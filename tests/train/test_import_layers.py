@@ -1,0 +1,97 @@
+"""The layers import one way: train -> models -> attention -> kernels, data beside models (it
+imports neither models nor attention), and no module-level import cycle anywhere."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from config_testing import REPO
+
+# package -> the flashtrain packages it may import (itself always allowed)
+ALLOWED = {
+    "typed_config": set(),
+    "kernels": set(),
+    "attention": {"kernels", "typed_config"},
+    "models": {"attention", "kernels", "typed_config"},
+    "data": {"typed_config"},
+    "bench": {"attention", "kernels"},
+    "train": {"models", "data", "attention", "kernels", "typed_config"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    """{module name: file}; flashtrain/kernels is a link to the top-level kernels/ folder."""
+    files = {}
+    for root, package in (
+        (REPO / "flashtrain", "flashtrain"),
+        (REPO / "kernels", "flashtrain.kernels"),
+    ):
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root).with_suffix("")
+            parts = (package, *(rel.parts[:-1] if rel.name == "__init__" else rel.parts))
+            files[".".join(parts)] = path
+    return files
+
+
+def _imports(path: Path, name: str, top_level_only: bool) -> set[str]:
+    """flashtrain modules imported by the file (module level only, or anywhere)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return {m for m in found if m.startswith("flashtrain")}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_no_upward_imports():
+    wrong = []
+    for name, path in _modules().items():
+        layer = _package(name)
+        if layer not in ALLOWED:
+            continue
+        for target in _imports(path, name, top_level_only=False):
+            other = _package(target)
+            if other and other != layer and other not in ALLOWED[layer]:
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_level_import_cycles():
+    modules = _modules()
+    graph = {
+        name: {m for m in _imports(path, name, top_level_only=True) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+    # A package's __init__ importing its submodules, which import from the package, is the
+    # normal Python layout, not a cycle: ignore edges from a module to its own parent packages.
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                raise AssertionError(" -> ".join([*stack, node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*stack, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
