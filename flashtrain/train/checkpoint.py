@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from flashtrain.checksums import ALGORITHM
+from flashtrain.file_integrity import ALGORITHM, fsync_directory
 from flashtrain.train.checkpoint_manifest import (
     META,
     CheckpointError,
@@ -186,19 +186,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
@@ -206,7 +193,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_directory(path.parent)
 
 
 def save_checkpoint(
@@ -275,7 +262,7 @@ def save_checkpoint(
             json.dump(full_meta, f, indent=2, default=str)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_directory(tmp)
         if final.exists():  # the same step saved again: swap the new one in
             old = root / f".{name}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -284,7 +271,7 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_directory(root)
         _atomic_write_text(root / "latest", name + "\n")
         if keep_last > 0:
             prune_checkpoints(root, keep_last)
@@ -317,7 +304,7 @@ def prune_checkpoints(root: str | os.PathLike, keep_last: int) -> None:
     doomed = find_checkpoints(root)[:-keep_last] if keep_last > 0 else []
     for info in doomed:
         (info.path / META).unlink(missing_ok=True)
-        _fsync_dir(info.path)
+        fsync_directory(info.path)
     for info in doomed:
         shutil.rmtree(info.path, ignore_errors=True)
 

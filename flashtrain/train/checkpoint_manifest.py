@@ -20,7 +20,7 @@ from pathlib import Path
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from flashtrain.checksums import ALGORITHM, HashingWriter, hash_file
+from flashtrain.file_integrity import ALGORITHM, HashingWriter, hash_file
 
 log = logging.getLogger("flashtrain.checkpoint")
 

@@ -1,4 +1,5 @@
-"""File checksums for checkpoints and token caches: SHA-256, computed while the bytes are written.
+"""Files that survive crashes and prove they are intact: SHA-256 checksums computed while the bytes
+are written (checkpoints, token caches), and fsync of a directory after a rename into it.
 
 SHA-256 because it is hardware-accelerated (SHA-NI on current x86 servers: about 1 GB/s on one
 busy core of this project's CPU, 2 GB/s on an idle one), so hashing keeps up with the disk instead
@@ -15,6 +16,21 @@ import os
 
 ALGORITHM = "sha256"
 READ_CHUNK = 16 << 20  # bytes per read when hashing a file that exists already
+
+
+def fsync_directory(directory: str | os.PathLike) -> None:
+    """Make renames and deletions inside `directory` durable. Some file systems cannot fsync a
+    directory (EINVAL); there it is skipped, as nothing better is possible."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def new_hash():
