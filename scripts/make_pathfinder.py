@@ -4,7 +4,8 @@
     python scripts/make_pathfinder.py --resolution 32 --num 16 --no-cache --grid docs/pathfinder_32.png
 
 With a cache (the default) the images land where the pathfinder data configs read them
-(<cache_dir>/pathfinder/...), so training starts without generating again.
+(<cache_dir>/pathfinder/...), so training starts without generating again. An interrupted run
+(Ctrl-C, SIGTERM, kill -9) keeps its finished chunks: run the same command again to continue.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from flashtrain.data.pathfinder import generate_pathfinder
-    from flashtrain.data.pathfinder_data import load_or_generate
+    from flashtrain.data.pathfinder_cache import load_or_generate
 
     start = time.perf_counter()
     if args.no_cache:

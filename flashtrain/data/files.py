@@ -61,14 +61,19 @@ def atomic_path(path: Path):
 
 
 @contextlib.contextmanager
-def exclusive_lock(directory: Path, name: str = ".lock"):
-    """Hold an exclusive advisory lock on directory/name for the duration of the block."""
+def exclusive_lock(directory: Path, name: str = ".lock", *, wait: bool = True):
+    """Hold an exclusive advisory lock on directory/name for the duration of the block; yields
+    True. wait=False does not wait for another holder: it yields False at once instead."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / name, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 

@@ -116,12 +116,8 @@ def prepare_data(data_cfg: Any, *, progress: bool = True) -> dict:
         summary |= {f"{split}_documents": f.num_docs for split, f in files.items()}
         return summary | {"tokenizer": tokenizer.name, "cache": str(files["train"].path.parent)}
     if loader == "pathfinder":
-        from flashtrain.data.pathfinder_data import (
-            config_resolution,
-            load_or_generate,
-            pathfinder_cache_dir,
-            split_ranges,
-        )
+        from flashtrain.data.pathfinder_cache import load_or_generate, pathfinder_cache_dir
+        from flashtrain.data.pathfinder_data import config_resolution, split_ranges
 
         args = (
             config_resolution(cfg),
