@@ -36,8 +36,10 @@ def save_grid(images: np.ndarray, labels: np.ndarray, path: Path, columns: int =
     size = images.shape[1]
     fig.suptitle(f"Pathfinder {size}x{size} ({size * size} tokens)", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.95), h_pad=1.5)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    from flashtrain.data.files import atomic_path
+
+    with atomic_path(path) as tmp:  # a killed run never leaves half a PNG
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
 
 

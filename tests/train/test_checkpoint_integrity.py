@@ -206,3 +206,13 @@ def test_the_trainer_resumes_auto_from_the_newest_intact_checkpoint(tmp_path, ca
     assert any(str(newest) in r.getMessage() for r in caplog.records)
     assert resumed["losses"] == full["losses"][2:]  # from step 2, exactly as the first run
     ckpt.verify_checkpoint(newest)  # and the damaged step 4 was written anew
+
+
+def test_a_kill_while_replacing_a_checkpoint_of_the_same_step_loses_nothing(tmp_path):
+    model, opt = trained()
+    path = save(tmp_path, 5, model, opt)
+    before = digest(path)
+    path.rename(tmp_path / ".step_000005.old")  # killed between moving it aside and the swap
+    save(tmp_path, 6, model, opt)  # the next save puts it back
+    assert [c.step for c in ckpt.find_checkpoints(tmp_path)] == [5, 6]
+    assert digest(path) == before and not list(tmp_path.glob(".step_*"))
