@@ -21,6 +21,8 @@ import math
 import multiprocessing
 import os
 import signal
+import threading
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -305,12 +307,36 @@ def balanced_labels(start: int, stop: int, resolution: int, contour_length: int,
     return ((index + np.asarray(flips, dtype=np.int64)) % 2).astype(np.int64)
 
 
+class GenerationStopped(Exception):
+    """A worker's chunk abandoned because the parent is stopping (its result is not wanted)."""
+
+
+_stop_requested = None  # in a worker process: the parent's stop event (see run_chunks)
+
+
+def _init_worker(stop) -> None:
+    global _stop_requested
+    _stop_requested = stop
+    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:  # a parent killed outright (kill -9) cannot stop us: follow it
+        threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent) -> None:
+    parent.join()
+    os._exit(1)
+
+
 def _generate_range(task):
     start, stop, resolution, contour_length, seed, keep_records = task
     labels = balanced_labels(start, stop, resolution, contour_length, seed)
     images = np.empty((stop - start, resolution, resolution), dtype=np.uint8)
     records = []
     for offset, label in enumerate(labels):
+        if _stop_requested is not None and _stop_requested.is_set():
+            raise GenerationStopped
         images[offset], record = make_image(
             start + offset, resolution, contour_length, seed, int(label)
         )
@@ -336,19 +362,15 @@ def chunk_tasks(
     return [(lo, hi, resolution, contour_length, seed, keep_records) for lo, hi in ranges]
 
 
-def _ignore_sigint() -> None:
-    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def run_chunks(tasks: list[tuple], num_workers: int | None, store) -> None:
     """Generate every task, calling store((start, images, labels, records)) in this process as
     each one finishes (in completion order; results are placed by index, so the order does not
     matter).
 
-    The worker pool never outlives the call: closed and joined after the last result, and on any
-    exception or interrupt (KeyboardInterrupt, a SystemExit raised by a signal handler, an error
-    in `store`) terminated and joined at once, so no worker keeps running and no semaphore leaks.
+    No worker outlives the call. On any exception or interrupt (KeyboardInterrupt, a SystemExit
+    raised by a signal handler, an error in `store`, a worker that died: BrokenProcessPool) the
+    workers are told to stop, abandon their chunk before its next image, and are joined, so the
+    call returns within about one image's time and no semaphore leaks.
     """
     workers = max(1, num_workers if num_workers is not None else _default_workers())
     workers = min(workers, len(tasks))
@@ -358,16 +380,20 @@ def run_chunks(tasks: list[tuple], num_workers: int | None, store) -> None:
         return
     # forkserver: workers start clean (no inherited threads or torch state) yet cheaply.
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = multiprocessing.get_context(method).Pool(workers, initializer=_ignore_sigint)
+    context = multiprocessing.get_context(method)
+    stop = context.Event()
+    executor = ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(stop,)
+    )
     try:
-        for result in pool.imap_unordered(_generate_range, tasks):
-            store(result)
-        pool.close()
+        futures = [executor.submit(_generate_range, task) for task in tasks]
+        for future in as_completed(futures):
+            store(future.result())
     except BaseException:
-        pool.terminate()
+        stop.set()
         raise
     finally:
-        pool.join()
+        executor.shutdown(wait=True, cancel_futures=True)
 
 
 def generate_pathfinder_into(
