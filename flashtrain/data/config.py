@@ -74,6 +74,7 @@ class CorpusConfig(CachedDataConfig):
     lowercase: bool = True  # wordpiece
     vocab_size: int = 258  # the tokenizer's id count (byte: 256 bytes + <eos> + <pad>)
     num_proc: int | None = None  # tokenization processes
+    verify_cache: bool | None = None  # token-cache checksum on open: None = if <= 1 GiB; always; never
 
     def __post_init__(self):
         check_choice(self.tokenizer, TOKENIZER_KINDS, "data.tokenizer")
