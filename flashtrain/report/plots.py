@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,7 +52,10 @@ def curves(
     if logy:
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-        ax.yaxis.set_minor_formatter(FuncFormatter(_minor_log_label))
+        # Plain-number labels on the minor ticks too, as many as the span leaves room for.
+        ax.yaxis.set_minor_formatter(
+            _plain_log_formatter_class()(labelOnlyBase=False, minor_thresholds=(2, 0.5))
+        )
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -62,12 +64,16 @@ def curves(
         ax.legend(fontsize=7)
 
 
-def _minor_log_label(value: float, _) -> str:
-    """Label the 2s and 5s between powers of ten, as plain numbers."""
-    if value <= 0:
-        return ""
-    mantissa = round(value / 10 ** math.floor(math.log10(value)), 6)
-    return f"{value:g}" if mantissa in (2, 5) else ""
+def _plain_log_formatter_class():
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        """LogFormatter's choice of which minor ticks to label, written as plain numbers."""
+
+        def __call__(self, x, pos=None):
+            return f"{x:g}" if super().__call__(x, pos) else ""
+
+    return PlainLogFormatter
 
 
 def add_run_curves(

@@ -130,6 +130,12 @@ def _step_points(records: list[RunRecord]) -> dict[str, list[tuple[int, float, f
     return {impl: sorted(p) for impl, p in sorted(points.items())}
 
 
+def _step_cell(step_s: float | None, memory_gib: float | None) -> str:
+    if step_s is None and memory_gib is None:
+        return "-"
+    return f"{fmt(step_s)} s / {fmt(memory_gib)} GiB"
+
+
 def _step_part(records: list[RunRecord], out_dir: Path) -> list[str]:
     points = _step_points(records)
     if not points:
@@ -140,15 +146,7 @@ def _step_part(records: list[RunRecord], out_dir: Path) -> list[str]:
         for seq_len, step_s, mem in rows:
             by_len[seq_len][impl] = (step_s, mem)
     rows = [
-        [
-            t,
-            *(
-                f"{fmt(by_len[t].get(i, (None, None))[0])} s / "
-                f"{fmt(by_len[t].get(i, (None, None))[1])} GiB"
-                for i in impls
-            ),
-        ]
-        for t in sorted(by_len)
+        [t, *(_step_cell(*by_len[t].get(i, (None, None))) for i in impls)] for t in sorted(by_len)
     ]
     device = sorted({r.device for r in records if r.kind == "train"})
     fig, axes = plots.panels(2)

@@ -16,7 +16,9 @@ from flashtrain.experiments.driver import (
     merge_overrides,
     override_value,
     shown,
+    train_state,
 )
+from flashtrain.experiments.spec import Run
 from flashtrain.experiments.tables import TABLES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,6 +79,19 @@ def test_overrides_merge_last_value_wins_and_values_are_quoted_for_hydra():
     assert merged == ["+a=3", "b=2", "c=4"] and override_value(merged, "a") == "3"
     assert hydra_value("/tmp/out-1/runs") == "/tmp/out-1/runs"
     assert hydra_value("/tmp/my runs/it's") == "'/tmp/my runs/it\\'s'"
+
+
+def test_a_run_is_finished_at_its_last_step_and_final_evaluation(tmp_path):
+    run = Run("r", ("trainer.max_steps=4",))
+    assert train_state(run, tmp_path) == ("new", 0)
+    rows = [{"step": 2, "loss": 1.0}, {"step": 4, "loss": 0.9}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert train_state(run, tmp_path) == ("partial", 4)  # killed before its final evaluation
+    assert train_state(run, tmp_path, ["trainer.eval_at_end=false"]) == ("finished", 4)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 4, "eval/loss": 0.95}) + "\n")
+    assert train_state(run, tmp_path) == ("finished", 4)
+    assert train_state(run, tmp_path, ["trainer.max_steps=8"]) == ("partial", 4)
 
 
 def test_bad_choices_are_refused():
