@@ -127,7 +127,6 @@ SMOKE = [
     "trainer.eval_interval=2",
     "trainer.eval_batches=1",
     "trainer.ckpt_interval=2",
-    "data.val_sequences=4",
     "optim.warmup_steps=1",
 ]
 
