@@ -221,6 +221,14 @@ def markdown(rows: list[dict], env: dict, args) -> str:
             ra, rb = cell.get((t, a)), cell.get((t, b))
             vals += [ratio(ra, rb, "ms"), ratio(ra, rb, "peak_mib")]
         lines.append(f"| {t} | " + " | ".join(vals) + " |")
+    if env.get("device") == "cpu":
+        loads = [r["load_avg_1min"] for r in rows]
+        lines += [
+            "",
+            f"CPU timings on a shared machine ({env.get('cpu_threads')} threads): 1-minute load "
+            f"average {min(loads):.1f} to {max(loads):.1f} at the start of the points (per point "
+            "in the JSON); the memory figures do not depend on it.",
+        ]
     notes = sorted({f"{r['method']} at {r['tokens']}: {r['note']}" for r in rows if r["note"]})
     if notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
@@ -274,6 +282,7 @@ def main(argv=None) -> int:
     for tokens in args.tokens:
         for method in methods:
             skip = plain_too_big(args, tokens) if method == "plain" else ""
+            load = os.getloadavg()[0]  # CPU timings on a shared machine: how busy it was
             t0 = time.time()
             point = (
                 {"ms": None, "peak_mib": None, "note": skip}
@@ -286,6 +295,7 @@ def main(argv=None) -> int:
                     "tokens": tokens,
                     "vocab": args.vocab,
                     "hidden": args.hidden,
+                    "load_avg_1min": round(load, 2),
                     **point,
                 }
             )
