@@ -233,7 +233,7 @@ class AttentionOp(nn.Module):
         unpad, pad, varlen = self.varlen_ops()
         batch, seqlen = q.shape[:2]
         qkv = torch.stack((q, k, v), dim=2)  # (B, T, 3, H, D)
-        packed, indices, cu, max_s = unpad(qkv, mask)  # (N, 3, H, D)
+        packed, indices, cu, max_s, _ = unpad(qkv, mask)  # (N, 3, H, D)
         qp, kp, vp = packed.unbind(1)  # (N, H, D) each
         out = varlen(qp, kp, vp, cu, cu, max_s, max_s, causal=causal, dropout_p=dropout_p)
         return pad(out, indices, batch, seqlen)  # (B, T, H, D), zeros at padding

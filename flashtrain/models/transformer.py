@@ -303,7 +303,7 @@ class TransformerModel(nn.Module):
         batch, seqlen = mask.shape
         if self.attn_op.supports_varlen:
             unpad, pad, _ = self.attn_op.varlen_ops()
-            packed, indices, cu_seqlens, max_seqlen = unpad(x, mask)  # (N, C)
+            packed, indices, cu_seqlens, max_seqlen, _ = unpad(x, mask)  # (N, C)
             ctx = AttentionContext(cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen), **ctx_kwargs)
             return packed, ctx, lambda y: pad(y, indices, batch, seqlen)
         ctx = AttentionContext(key_padding_mask=mask, **ctx_kwargs)
