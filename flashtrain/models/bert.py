@@ -113,5 +113,6 @@ class Bert(TransformerModel):
             bias,
             impl=cfg.loss_impl,
             chunk_size=cfg.loss_chunk_size,
+            compute_hits=not self.training,  # MLM accuracy is an evaluation metric only
         )
         return ModelOutput(loss=loss, num_targets=num, correct=hits)
