@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
+import torch.nn.functional as F
+from torch import nn
 
 from flashtrain.attention import (
     blocksparse_attn_func,
