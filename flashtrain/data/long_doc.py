@@ -58,6 +58,7 @@ def cut_examples(
 
 class LongDocClassification(SampledDataModule):
     task = "classification"
+    pads_sequences = True  # documents shorter than seq_len are padded
 
     def __init__(self, cfg: LongDocConfig, run: DataRun):
         super().__init__(run)

@@ -58,6 +58,7 @@ def document_pieces(doc_starts: np.ndarray, max_tokens: int) -> tuple[np.ndarray
 class MaskedLM(SampledDataModule):
     task = "mlm"
     num_classes = None
+    pads_sequences = True  # short instances are padded to seq_len
 
     def __init__(self, cfg: MLMConfig, run: DataRun):
         super().__init__(run)

@@ -29,6 +29,8 @@ class DataModule:
     """What the trainer gets from build_data.
 
     task: "lm" | "mlm" | "classification"; vocab_size: int; num_classes: int or None.
+    pads_sequences (a class attribute): batches may hold padding (attention_mask 0), which
+    context parallelism cannot attend around.
     train_batches(): endless iterator of batches for this rank, continuing from the current
     stream position (one live iterator at a time: they share the position).
     val_batches(): finite, identical on every call, a disjoint share per rank (same count), at
@@ -44,6 +46,7 @@ class DataModule:
     task: str
     vocab_size: int
     num_classes: int | None = None
+    pads_sequences: bool = False  # batches may hold padding (attention_mask 0)
 
     def __init__(self, run: DataRun):
         self.seq_len, self.micro_batch_size, self.seed = run.seq_len, run.micro_batch_size, run.seed

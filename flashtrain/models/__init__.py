@@ -19,6 +19,7 @@ from flashtrain.models.attention import (
     Attention,
     AttentionConfig,
     AttentionContext,
+    RingAttention,
     attention_config,
     build_attention,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "GPT2",
     "GPT2Config",
     "ModelOutput",
+    "RingAttention",
     "SequenceClassifier",
     "TransformerConfig",
     "TransformerModel",

@@ -11,6 +11,11 @@ All four take the same q, k, v (B, T, H, D) and give the same result up to round
 the attention probabilities is the call's `dropout_p` (fused inside our kernels).
 
     attention = build_attention(cfg)      # cfg: an AttentionConfig, or a mapping with `impl`
+
+Context parallelism is not a choice of the attention config: the trainer (trainer.context_parallel)
+builds `RingAttention(cfg, group=..., layout=...)` from the user's flash config, and the model
+takes that object in place of a config. Each rank then holds a shard of every sequence and the
+ring (flashtrain.attention.ring_attn_func) makes attention exact over the whole sequence.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
 from torch import nn
 
@@ -28,10 +35,12 @@ from flashtrain.attention import (
     flash_attn_func,
     flash_attn_varlen_func,
     pad_input,
+    ring_attn_func,
     sparsity,
     unpad_input,
 )
 from flashtrain.attention.reference import attention_reference
+from flashtrain.attention.ring_layout import check_layout, group_rank_and_size
 from flashtrain.attention.validation import MAX_HEAD_DIM
 from flashtrain.typed_config import check_choice, typed_group
 
@@ -105,6 +114,7 @@ class Attention(nn.Module):
 
     Config: ClassVar[type[AttentionConfig]]
     runs_our_kernels: ClassVar[bool] = False  # the kernels' head_dim rule applies
+    splits_sequence: ClassVar[bool] = False  # each rank holds a shard of every sequence (ring)
 
     def __init__(self, cfg: AttentionConfig):
         super().__init__()
@@ -117,13 +127,19 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         return f"impl={self.impl}"
 
-    def check_head_dim(self, head_dim: int, what: str) -> None:
-        """Our kernels take head_dim multiples of 8 up to MAX_HEAD_DIM."""
+    def check_model(self, config) -> None:
+        """What this backend needs of the model config (a TransformerConfig): our kernels take
+        head_dim multiples of 8 up to MAX_HEAD_DIM."""
+        head_dim = config.head_dim
         if self.runs_our_kernels and (head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM):
             raise ValueError(
                 f"attention={self.impl} needs head_dim = d_model / n_head to be a multiple of 8 "
-                f"up to {MAX_HEAD_DIM}; got {what} = {head_dim}"
+                f"up to {MAX_HEAD_DIM}; got {config.d_model} / {config.n_head} = {head_dim}"
             )
+
+    def sequence_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) -> (B, C): the mean over the sequence axis of the whole sequence."""
+        return x.mean(dim=1)
 
     def density(self, seqlen: int, heads: int = 1) -> float:
         """Fraction of (query, key) blocks attended: 1.0 for dense attention."""
@@ -169,6 +185,69 @@ class FlashAttention(Attention):
             )
             return pad_input(out, indices, batch, seqlen)  # (B, T, H, D), zeros at padding
         return flash_attn_func(q, k, v, causal=ctx.causal, dropout_p=dropout_p)
+
+
+class RingAttention(Attention):
+    """FlashAttention over sequences split across the ranks of a context-parallel process group:
+    q, k, v (B, T/P, H, D) are this rank's shard (layout zigzag or contiguous, see
+    flashtrain.attention.ring_layout) and ring_attn_func makes the result exact over the whole
+    sequence. Built by the trainer from the user's flash config, never picked by impl.
+
+    Refused, naming the reason: padded batches (the ring has no key-padding mask), attention
+    dropout (the ring has none), other backends (block-sparse layouts and the sdpa / reference
+    baselines see the whole sequence at once).
+    """
+
+    Config = FlashAttentionConfig
+    runs_our_kernels = True
+    splits_sequence = True
+    NO_PADDING = (
+        "context parallelism (ring attention) has no key-padding mask: batches must be unpadded "
+        "(attention_mask all ones), as LM windows and Pathfinder images are"
+    )
+
+    def __init__(self, cfg: Any, *, group: dist.ProcessGroup | None, layout: str = "zigzag"):
+        cfg = attention_config(cfg)
+        if not isinstance(cfg, FlashAttentionConfig):
+            raise ValueError(
+                f"context parallelism runs ring attention on the flash kernels; attention impl "
+                f"{cfg.impl!r} cannot be split over ranks (block-sparse layouts and the sdpa / "
+                "reference baselines attend over the whole sequence at once): use attention=flash"
+            )
+        check_layout(layout)
+        super().__init__(cfg)
+        self.group, self.layout = group, layout
+        self.rank, self.size = group_rank_and_size(group)
+
+    def extra_repr(self) -> str:
+        return f"impl=flash, ring over {self.size} ranks, layout={self.layout}"
+
+    def check_model(self, config) -> None:
+        super().check_model(config)
+        if config.attn_dropout > 0:
+            raise ValueError(
+                f"context parallelism (ring attention) has no attention dropout: set "
+                f"model.attn_dropout=0 (got {config.attn_dropout}); model.dropout still applies"
+            )
+
+    def padded_context(self, x, mask, **ctx_kwargs):
+        raise ValueError(self.NO_PADDING)
+
+    def forward(self, q, k, v, ctx: AttentionContext, dropout_p: float = 0.0) -> torch.Tensor:
+        if ctx.packed or ctx.key_padding_mask is not None:
+            raise ValueError(self.NO_PADDING)
+        if dropout_p > 0.0:
+            raise ValueError("context parallelism (ring attention) has no attention dropout")
+        return ring_attn_func(q, k, v, group=self.group, causal=ctx.causal, layout=self.layout)
+
+    def sequence_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """The mean over every rank's shard: a differentiable all-reduce of the local sums
+        (its backward sums every rank's gradient, as the shards' contributions to the mean)."""
+        if self.size == 1:
+            return super().sequence_mean(x)
+        group = self.group if self.group is not None else dist.group.WORLD
+        total = dist_nn.all_reduce(x.sum(dim=1), group=group)  # (B, C)
+        return total / (x.shape[1] * self.size)
 
 
 class BlockSparseAttention(Attention):
@@ -293,5 +372,9 @@ def attention_config(cfg: Any) -> AttentionConfig:
 
 
 def build_attention(cfg: Any) -> Attention:
+    """The backend for a config (an AttentionConfig, a mapping with `impl`, an impl name);
+    an Attention object (e.g. a RingAttention the trainer built) is taken as it is."""
+    if isinstance(cfg, Attention):
+        return cfg
     cfg = attention_config(cfg)
     return ATTENTION_BACKENDS[cfg.impl](cfg)

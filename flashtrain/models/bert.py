@@ -15,6 +15,10 @@ Padded batches (attention_mask, 1 = real token): with attention=flash the real t
 once (unpad_input), every block runs on them through the varlen kernel, and pad_input puts them back,
 so no compute and no attention touches padding; sdpa / reference use a key-padding mask. Outputs are
 zero at padded positions in every case, so changing a padded token changes nothing.
+
+Context parallelism (ring attention over ranks that each hold a shard of every sequence): the MLM
+head on unpadded batches, with the shard's position_ids; the classification head (the [CLS] token
+lives on one rank) and padded batches (no key mask in the ring) are refused.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch import nn
 
 from flashtrain.models.config import BertConfig
 from flashtrain.models.loss import classification_loss, token_loss
-from flashtrain.models.positions import check_seq_len
+from flashtrain.models.positions import token_positions
 from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_init_
 
 
@@ -36,6 +40,11 @@ class Bert(TransformerModel):
 
     def __init__(self, config: BertConfig, attention="flash"):
         super().__init__(config, attention)
+        if config.head == "classification" and self.attn_op.splits_sequence:
+            raise ValueError(
+                "model.head=classification pools the [CLS] token, which only one rank of a "
+                "context-parallel group holds; with context parallelism BERT takes head=mlm"
+            )
         c = config.d_model
         self.word_embeddings = nn.Embedding(config.padded_vocab_size, c)
         self.position_embeddings = nn.Embedding(config.max_seq_len, c)
@@ -66,13 +75,13 @@ class Bert(TransformerModel):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids (B, T) -> hidden states (B, T, C), zero at padded positions."""
-        batch, seqlen = input_ids.shape
-        check_seq_len(seqlen, self.config.max_seq_len)
+        """input_ids (B, T) -> hidden states (B, T, C), zero at padded positions.
+        position_ids (B, T): the tokens' global positions (a context-parallel shard's); None: 0..T-1."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        pos = torch.arange(seqlen, device=input_ids.device)
+        pos = token_positions(input_ids, position_ids, self.config.max_seq_len)  # (B or 1, T)
         x = self.word_embeddings(input_ids) + self.position_embeddings(pos)  # (B, T, C)
         x = x + self.token_type_embeddings(token_type_ids)
         x = self.drop(self.emb_ln(x))
@@ -87,9 +96,10 @@ class Bert(TransformerModel):
         labels: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
         """mlm: labels (B, T), -100 = not predicted. classification: labels (B,)."""
-        h = self.encode(input_ids, attention_mask, token_type_ids)  # (B, T, C)
+        h = self.encode(input_ids, attention_mask, token_type_ids, position_ids)  # (B, T, C)
         cfg = self.config
         if cfg.head == "classification":
             pooled = torch.tanh(self.pooler(h[:, 0]))  # (B, C), the [CLS] token

@@ -9,6 +9,9 @@ Tokens: 256 pixel values by default (vocab_size). Positions:
     position="1d"  one learned table over the flattened sequence (also resizable).
 Pooling: "mean" over the real tokens, or "cls" (a learned token prepended). N classes.
 Pre-LayerNorm by default (norm="post" as in the LRA baselines is an option).
+Context parallelism (each rank holds a shard of every image): mean pooling sums over all the
+shards (Attention.sequence_mean), positions come with the batch (position_ids); cls pooling and
+padding masks are refused.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ class SequenceClassifier(TransformerModel):
 
     def __init__(self, config: ClassifierConfig, attention="flash"):
         super().__init__(config, attention)
+        if config.pooling == "cls" and self.attn_op.splits_sequence:
+            raise ValueError(
+                "model.pooling=cls prepends a token that would unbalance the context-parallel "
+                "shards and live on one rank; with context parallelism use model.pooling=mean"
+            )
         self.causal = config.causal
         c = config.d_model
         self.tok_emb = nn.Embedding(config.padded_vocab_size, c)
@@ -54,19 +62,29 @@ class SequenceClassifier(TransformerModel):
             n += self.get_parameter(key).numel()
         return n
 
-    def positions(self, seqlen: int) -> torch.Tensor:
-        """(T, C) positional embeddings for a sequence of T tokens."""
+    def positions(self, seqlen: int, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(T, C) positional embeddings for a sequence of T tokens, or (B, T, C) for the global
+        positions position_ids (B, T) of a context-parallel shard (2d: of the whole image)."""
         cfg = self.config
         if cfg.position == "1d":
-            check_seq_len(seqlen, cfg.max_seq_len)
-            return self.pos_emb.weight[:seqlen]
-        return grid_positions(self.pos_row.weight, self.pos_col.weight, seqlen)  # (T, C)
+            if position_ids is None:
+                check_seq_len(seqlen, cfg.max_seq_len)
+            table = self.pos_emb.weight  # (max_seq_len, C)
+        else:
+            pixels = seqlen if position_ids is None else cfg.image_size**2
+            table = grid_positions(self.pos_row.weight, self.pos_col.weight, pixels)  # (T, C)
+        return table[:seqlen] if position_ids is None else table[position_ids]
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ):
         """input_ids (B, T) -> (hidden (B, T', C) zero at padding, mask (B, T') or None);
-        T' = T + 1 with the CLS token first."""
+        T' = T + 1 with the CLS token first. position_ids (B, T): see positions()."""
         batch, seqlen = input_ids.shape
-        x = self.tok_emb(input_ids) + self.positions(seqlen)  # (B, T, C)
+        x = self.tok_emb(input_ids) + self.positions(seqlen, position_ids)  # (B, T, C)
         if self.cls_token is not None:
             cls = self.cls_token.expand(batch, 1, -1)  # (B, 1, C)
             x = torch.cat((cls, x), dim=1)  # (B, T + 1, C)
@@ -85,12 +103,13 @@ class SequenceClassifier(TransformerModel):
         input_ids: torch.Tensor,
         labels: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
-        h, mask = self.encode(input_ids, attention_mask)  # (B, T', C)
+        h, mask = self.encode(input_ids, attention_mask, position_ids)  # (B, T', C)
         if self.config.pooling == "cls":
             pooled = h[:, 0]  # (B, C)
         elif mask is None:
-            pooled = h.mean(dim=1)
+            pooled = self.attn_op.sequence_mean(h)  # (B, C), over every rank's shard
         else:
             count = mask.sum(dim=1, keepdim=True).clamp(min=1).to(h.dtype)  # (B, 1)
             pooled = h.sum(dim=1) / count  # padding rows are zero

@@ -24,7 +24,7 @@ from torch import nn
 from flashtrain.models.attention import AttentionContext
 from flashtrain.models.config import GPT2Config
 from flashtrain.models.loss import token_loss
-from flashtrain.models.positions import check_seq_len, rotary_tables
+from flashtrain.models.positions import rotary_tables, token_positions
 from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_init_
 
 
@@ -57,19 +57,21 @@ class GPT2(TransformerModel):
     def _lookup_parameters(self) -> int:
         return 0 if self.wpe is None else self.wpe.weight.numel()
 
-    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids (B, T) -> final hidden states (B, T, C) after ln_f."""
-        batch, seqlen = input_ids.shape
+    def hidden_states(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids (B, T) -> final hidden states (B, T, C) after ln_f. position_ids (B, T):
+        the tokens' global positions (a context-parallel shard's); None: 0..T-1."""
         cfg = self.config
         x = self.wte(input_ids)  # (B, T, C)
-        pos = torch.arange(seqlen, device=input_ids.device)
+        table_len = cfg.max_seq_len if self.wpe is not None else None
+        pos = token_positions(input_ids, position_ids, table_len)  # (B, T) or (1, T)
         rotary = None
         if self.wpe is not None:
-            check_seq_len(seqlen, cfg.max_seq_len)
-            x = x + self.wpe(pos)  # (B, T, C) + (T, C)
+            x = x + self.wpe(pos)  # (B, T, C) + (B or 1, T, C)
         else:
-            cos, sin = rotary_tables(pos, cfg.head_dim, cfg.rotary_base)  # (T, D/2)
-            rotary = (cos[None, :, None, :], sin[None, :, None, :])  # (1, T, 1, D/2)
+            cos, sin = rotary_tables(pos, cfg.head_dim, cfg.rotary_base)  # (B or 1, T, D/2)
+            rotary = (cos[:, :, None, :], sin[:, :, None, :])  # (B or 1, T, 1, D/2)
         x = self.drop(x)
         x = self.run_blocks(x, AttentionContext(causal=self.causal, rotary=rotary))  # (B, T, C)
         return self.ln_f(x)
@@ -78,13 +80,19 @@ class GPT2(TransformerModel):
         """The head's (vocab_size, C) weight: the token embedding without vocab padding rows."""
         return self.wte.weight[: self.config.vocab_size]
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> ModelOutput:
-        """input_ids (B, T) int64; labels (B, T) int64, the next tokens, -100 = ignore."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """input_ids (B, T) int64; labels (B, T) int64, the next tokens, -100 = ignore;
+        position_ids (B, T) int64 or None (see hidden_states)."""
         if labels.shape != input_ids.shape:
             raise ValueError(
                 f"labels {tuple(labels.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
             )
-        h = self.hidden_states(input_ids)  # (B, T, C)
+        h = self.hidden_states(input_ids, position_ids)  # (B, T, C)
         cfg = self.config
         loss, num, _ = token_loss(
             h,

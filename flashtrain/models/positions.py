@@ -1,6 +1,10 @@
-"""Positions: rotary tables, the 2-D (row + column) grid, the length check of learned tables, and
-resizing learned tables so a checkpoint trained at a shorter context (or a smaller image) loads
-into a longer one.
+"""Positions: explicit position ids, rotary tables, the 2-D (row + column) grid, the length check
+of learned tables, and resizing learned tables so a checkpoint trained at a shorter context (or a
+smaller image) loads into a longer one.
+
+Models take optional `position_ids` (B, T): the global position of each token. Without them a
+sequence is at positions 0..T-1; with context parallelism a rank holds a shard of each sequence
+(zigzag: two chunks far apart) and the batch carries the shard's global positions.
 
 Learned 1-D tables are plain nn.Embedding rows (GPT-2 `wpe`, BERT `position_embeddings`, the
 classifier's `pos_emb`); 2-D tables are two nn.Embedding over an image side (`pos_row`, `pos_col`).
@@ -26,15 +30,34 @@ def check_seq_len(seqlen: int, max_seq_len: int, what: str = "positional table")
         )
 
 
+def token_positions(
+    input_ids: torch.Tensor, position_ids: torch.Tensor | None, max_seq_len: int | None
+) -> torch.Tensor:
+    """The positions of input_ids' (B, T) tokens: position_ids (B, T) int64 as given (global
+    positions, each below max_seq_len), or (1, T) 0..T-1 after checking T against max_seq_len
+    (None: no positional table, no limit)."""
+    if position_ids is None:
+        seqlen = input_ids.shape[1]
+        if max_seq_len is not None:
+            check_seq_len(seqlen, max_seq_len)
+        return torch.arange(seqlen, device=input_ids.device)[None]  # (1, T)
+    if position_ids.shape != input_ids.shape or position_ids.dtype != torch.int64:
+        raise ValueError(
+            f"position_ids must be int64 with the shape of input_ids {tuple(input_ids.shape)}, "
+            f"got {position_ids.dtype} {tuple(position_ids.shape)}"
+        )
+    return position_ids
+
+
 # ---- rotary ------------------------------------------------------------------------------------
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, base: float = 10000.0):
-    """cos, sin (len(positions), head_dim / 2) float32 for integer positions."""
+    """cos, sin (*positions.shape, head_dim / 2) float32 for integer positions of any shape."""
     inv_freq = base ** (
         -torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
     )
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (..., D/2)
     return angles.cos(), angles.sin()
 
 

@@ -107,7 +107,7 @@ class TransformerModel(nn.Module):
         super().__init__()
         self.config = config
         self.attn_op = build_attention(attention)  # one backend object shared by every block
-        self.attn_op.check_head_dim(config.head_dim, f"{config.d_model} / {config.n_head}")
+        self.attn_op.check_model(config)
 
     def add_blocks(self, norm: str) -> None:
         """Embedding dropout and the blocks, registered after the embeddings (parameter order)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from flashtrain.attention.ring_layout import LAYOUTS
 from flashtrain.data.config import DataConfig, data_config
 from flashtrain.models.attention import AttentionConfig, attention_config
 from flashtrain.models.config import TransformerConfig, model_config
@@ -78,6 +79,10 @@ class TrainerConfig:
     cpu_step_time_limit_s: float = 120.0  # refuse CPU runs estimated slower per step than this
     dist_timeout_s: int = 1800
     deterministic: bool = False  # torch.use_deterministic_algorithms(True)
+    # Context parallelism: ranks that split each sequence (ring attention); data-parallel over
+    # world_size / context_parallel groups. 1 = off.
+    context_parallel: int = 1
+    cp_layout: str = "zigzag"  # zigzag (the same causal work on every rank) | contiguous
     ddp: DDPConfig = field(default_factory=DDPConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
@@ -86,7 +91,8 @@ class TrainerConfig:
         check_choice(self.precision, PRECISIONS, "trainer.precision")
         check_choice(self.on_nonfinite, ("stop", "skip"), "trainer.on_nonfinite")
         check_choice(self.progress, ("auto", "bar", "lines", "none"), "trainer.progress")
-        _at_least(self, 1, "trainer", "log_interval")
+        check_choice(self.cp_layout, LAYOUTS, "trainer.cp_layout")
+        _at_least(self, 1, "trainer", "log_interval", "context_parallel")
         _at_least(self, 0, "trainer", "max_steps", "eval_interval", "ckpt_interval", "keep_last")
         if self.eval_batches is not None:
             _at_least(self, 1, "trainer", "eval_batches")
@@ -186,24 +192,43 @@ def config_yaml(cfg: TrainConfig) -> str:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """How one optimizer step's global batch is split over ranks and micro-batches."""
+    """How one optimizer step's global batch is split over ranks and micro-batches.
+
+    With context parallelism each sequence is split over context_parallel ranks, so the batch is
+    split over world_size / context_parallel data-parallel groups only."""
 
     seq_len: int
     micro_batch_size: int
     world_size: int
     grad_accum: int
+    context_parallel: int = 1
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // self.context_parallel
 
     @property
     def global_batch_size(self) -> int:
-        return self.micro_batch_size * self.world_size * self.grad_accum
+        return self.micro_batch_size * self.data_parallel * self.grad_accum
 
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
 
+    def split(self) -> str:
+        """How a step's sequences are split, for the run's summary."""
+        if self.context_parallel == 1:
+            ranks = f"{self.world_size} ranks"
+        else:
+            ranks = f"{self.data_parallel} data-parallel groups of {self.context_parallel} ranks"
+        return f"micro {self.micro_batch_size} x {ranks} x {self.grad_accum} accumulation"
 
-def batch_plan(cfg: TrainConfig, world_size: int) -> BatchPlan:
-    """Gradient accumulation steps from the global batch (sequences or tokens) and the world size."""
+
+def batch_plan(cfg: TrainConfig, world_size: int, context_parallel: int = 1) -> BatchPlan:
+    """Gradient accumulation steps from the global batch (sequences or tokens), the world size
+    and the context-parallel size (which must divide it)."""
+    check_context_parallel(context_parallel, world_size)
+    data_parallel = world_size // context_parallel
     seq_len, mbs = cfg.seq_len, cfg.micro_batch_size
     gbs, tokens = cfg.global_batch_size, cfg.global_batch_tokens
     if tokens is not None:
@@ -219,17 +244,29 @@ def batch_plan(cfg: TrainConfig, world_size: int) -> BatchPlan:
                 f"(seq_len={seq_len} gives {from_tokens} sequences); set only one of them"
             )
         gbs = from_tokens
+    per_pass = mbs * data_parallel
     if gbs is None:
-        gbs = mbs * world_size
-    per_pass = mbs * world_size
+        gbs = per_pass
     if gbs <= 0 or gbs % per_pass:
         lower = max(per_pass, gbs // per_pass * per_pass)
+        ranks = f"world_size={world_size}"
+        if context_parallel > 1:
+            ranks = f"{data_parallel} data-parallel groups (world_size / context_parallel)"
         raise ConfigError(
             f"the global batch of {gbs} sequences is not a multiple of micro_batch_size={mbs} x "
-            f"world_size={world_size} = {per_pass}; use global_batch_size={lower} or change "
-            f"micro_batch_size"
+            f"{ranks} = {per_pass}; use global_batch_size={lower} or change micro_batch_size"
         )
-    return BatchPlan(seq_len, mbs, world_size, gbs // per_pass)
+    return BatchPlan(seq_len, mbs, world_size, gbs // per_pass, context_parallel)
+
+
+def check_context_parallel(context_parallel: int, world_size: int) -> None:
+    """trainer.context_parallel must divide the world size (data-parallel over the quotient)."""
+    if context_parallel < 1 or world_size % context_parallel:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ConfigError(
+            f"trainer.context_parallel={context_parallel} does not divide the world size "
+            f"{world_size}; allowed: {', '.join(map(str, divisors))}"
+        )
 
 
 def on_rank0(value: Any, other: Any = None) -> Any:

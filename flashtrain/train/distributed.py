@@ -131,8 +131,12 @@ def wrap_model(
     *,
     precision: str,
     trainer_cfg: Any,
+    mesh: Any = None,
 ) -> nn.Module:
-    """DDP, or FSDP2 `fully_shard` on every block of model.blocks and then on the root."""
+    """DDP, or FSDP2 `fully_shard` on every block of model.blocks and then on the root.
+
+    mesh: the 1-D DeviceMesh whose ranks reduce gradients (context parallelism: dp x cp
+    flattened, see context_parallel.py); None = every rank of the world."""
     if strategy == "single":
         return model
     if strategy == "ddp":
@@ -144,6 +148,7 @@ def wrap_model(
         return DDP(
             model,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            process_group=mesh.get_group() if mesh is not None else None,
             bucket_cap_mb=d.bucket_cap_mb,
             find_unused_parameters=d.find_unused_parameters,
             gradient_as_bucket_view=d.gradient_as_bucket_view,
@@ -160,7 +165,8 @@ def wrap_model(
         mp = MixedPrecisionPolicy(
             param_dtype=_DTYPES[param_dtype], reduce_dtype=_DTYPES[f.reduce_dtype]
         )
-        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        if mesh is None:
+            mesh = init_device_mesh(env.device.type, (env.world_size,))
         blocks = list(model.blocks)
         for i, block in enumerate(blocks):
             # The last block's parameters are needed again at once by backward: keep them.

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from flashtrain.data import build_data
-from flashtrain.models import build_model
 from flashtrain.train import checkpoint as ckpt
 from flashtrain.train.config import (
     BatchPlan,
@@ -34,6 +33,7 @@ from flashtrain.train.config import (
     config_yaml,
     validate_config,
 )
+from flashtrain.train.context_parallel import ContextParallel, setup_context_parallel
 from flashtrain.train.cpu_estimate import estimate_cpu_step_time, refuse_slow_cpu_run
 from flashtrain.train.distributed import (
     DistEnv,
@@ -113,7 +113,8 @@ class Trainer:
         if not env.is_main:
             log.setLevel(logging.WARNING)
         self.strategy = resolve_strategy(t.strategy, env.world_size)
-        self.plan: BatchPlan = batch_plan(cfg, env.world_size)
+        self.plan: BatchPlan = batch_plan(cfg, env.world_size, t.context_parallel)
+        self.cp: ContextParallel = setup_context_parallel(cfg, env)
         self.precision = self._resolve_precision()
         self.run_dir = Path(
             broadcast_object(str(Path(run_dir).absolute()) if env.is_main else None)
@@ -140,14 +141,21 @@ class Trainer:
 
         # Same seed on every rank: identical initial weights (FSDP2 shards them in place).
         set_seed(cfg.seed)
-        model = build_model(cfg.model, cfg.attention)
+        model = self.cp.build_model(cfg.model, cfg.attention)  # ring attention when cp > 1
         self.num_params = int(model.num_parameters())
         self.flops_per_token = float(model.estimate_flops_per_token(cfg.seq_len))
         model.to(env.device)
         if t.compile:
             for block in model.blocks:
                 block.compile()
-        self.model = wrap_model(model, self.strategy, env, precision=self.precision, trainer_cfg=t)
+        self.model = wrap_model(
+            model,
+            self.strategy,
+            env,
+            precision=self.precision,
+            trainer_cfg=t,
+            mesh=self.cp.gradient_mesh,
+        )
         self.raw_model = unwrap(self.model)
         self.optimizer = build_optimizer(self.model, cfg.optim, env.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.max_steps)
@@ -170,15 +178,17 @@ class Trainer:
             )
         # The data last: preparing it can take long (tokenizing, generating Pathfinder images),
         # which a run refused above should not wait for.
-        self.data = build_data(
+        # Every rank of a context-parallel group reads its group's batches and keeps its shard.
+        data = build_data(
             cfg.data,
             seq_len=cfg.seq_len,
             micro_batch_size=cfg.micro_batch_size,
             seed=cfg.seed,
-            rank=env.rank,
-            world_size=env.world_size,
+            rank=self.cp.dp_rank,
+            world_size=self.cp.dp_size,
             eval_batches=t.eval_batches,
         )
+        self.data = self.cp.shard_data(data)
         bounds = self.data.loss_bounds()
         if bounds and env.is_main:
             log.info("data loss: " + ", ".join(f"{k} {v:.3f}" for k, v in bounds.items()))
@@ -226,9 +236,10 @@ class Trainer:
         lines.append(f"flops/token: {format_count(self.flops_per_token)} at seq_len {cfg.seq_len}")
         lines.append(
             f"batch: {plan.global_batch_size} seqs x {plan.seq_len} = "
-            f"{format_count(plan.tokens_per_step)} tokens/step = micro {plan.micro_batch_size} x "
-            f"{plan.world_size} ranks x {plan.grad_accum} accumulation"
+            f"{format_count(plan.tokens_per_step)} tokens/step = {plan.split()}"
         )
+        if self.cp.enabled:
+            lines.append(self.cp.describe())
         threads = f" (threads: {torch.get_num_threads()})" if env.device.type == "cpu" else ""
         lines.append(
             f"device: {env.device}{threads}  strategy: {self.strategy}  precision: "
@@ -282,6 +293,13 @@ class Trainer:
                 f"checkpoint {target} was written by {saved_world} processes and this run has "
                 f"{self.env.world_size}; the data stream and RNG positions are per process, so "
                 f"resume with --nproc_per_node matching {saved_world}"
+            )
+        saved_cp = int(state.get("context_parallel", 1))
+        if saved_cp != self.cp.size:
+            raise ckpt.CheckpointError(
+                f"checkpoint {target} was written with trainer.context_parallel={saved_cp} and "
+                f"this run has {self.cp.size}; the data streams are per data-parallel group, so "
+                f"resume with trainer.context_parallel={saved_cp}"
             )
         self.step = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
@@ -356,6 +374,7 @@ class Trainer:
             "params": self.num_params,
             "flops_per_token": self.flops_per_token,
             "world_size": env.world_size,
+            "context_parallel": self.cp.size,
             "strategy": self.strategy,
             "precision": self.precision,
             "grad_accum": self.plan.grad_accum,
@@ -589,12 +608,14 @@ class Trainer:
                 "rng": rng,
                 "data": data,
                 "world_size": env.world_size,
+                "context_parallel": self.cp.size,
                 "skipped_in_a_row": self.skipped_in_a_row,
                 "wandb_id": self.wandb_id,
             }
         meta = {
             "time": datetime.datetime.now().isoformat(timespec="seconds"),
             "world_size": env.world_size,
+            "context_parallel": self.cp.size,
             "strategy": self.strategy,
             "params": self.num_params,
             "tokens_seen": self.tokens_seen,

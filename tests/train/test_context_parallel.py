@@ -1,0 +1,102 @@
+"""Context parallelism in the trainer: torchrun with 2 gloo processes and
+trainer.context_parallel=2 (each sequence split over both ranks, ring attention) gives the losses,
+gradient norms and evaluation of one process at the same global batch; the batch plan, the
+per-rank shards and what cannot be split, checked without processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from config_testing import compose
+from train_testing import TINY, read_metrics, run_train, step_losses
+
+from flashtrain.attention.ring_layout import rank_chunks
+from flashtrain.train import run
+from flashtrain.train.config import ConfigError, batch_plan
+from flashtrain.train.context_parallel import ContextParallel, check_supported
+
+STEPS = ["trainer.max_steps=3", "trainer.eval_interval=0"]
+
+
+def _rows(path) -> dict[int, dict]:
+    return {r["step"]: r for r in read_metrics(path) if r.get("loss") is not None}
+
+
+def test_two_ranks_splitting_each_sequence_match_one_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = run(compose(TINY + STEPS), tmp_path / "single")
+    finally:
+        torch.set_num_threads(threads)
+
+    res = run_train(TINY + STEPS + ["trainer.context_parallel=2"], cwd=tmp_path, nproc=2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "1 data-parallel groups of 2 ranks x 2 accumulation" in res.stdout
+    assert "each sequence split over 2 ranks (ring attention, layout zigzag)" in res.stdout
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    got = _rows(run_dir / "metrics.jsonl")
+    want = _rows(single["run_dir"] + "/metrics.jsonl")
+    assert got.keys() == want.keys() == {1, 2, 3}
+    for step in want:
+        for key in ("loss", "grad_norm"):
+            assert got[step][key] == pytest.approx(want[step][key], rel=1e-5), (step, key)
+    assert step_losses(run_dir / "metrics.jsonl") != {}  # and the ranks logged the same steps
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/loss" in r][-1]
+    assert evals["eval/loss"] == pytest.approx(single["evals"][-1][1]["eval/loss"], rel=1e-5)
+    meta = json.loads((run_dir / "checkpoints" / "step_000003" / "meta.json").read_text())
+    assert meta["context_parallel"] == 2 and meta["world_size"] == 2
+
+
+def test_the_batch_is_split_over_data_parallel_groups_only():
+    cfg = compose(TINY)  # micro-batch 4, global batch 8
+    plan = batch_plan(cfg, world_size=4, context_parallel=2)
+    assert (plan.data_parallel, plan.grad_accum, plan.tokens_per_step) == (2, 1, 8 * 64)
+    assert plan.split() == "micro 4 x 2 data-parallel groups of 2 ranks x 1 accumulation"
+    with pytest.raises(ConfigError, match=r"context_parallel=3 does not divide .* 1, 2, 4"):
+        batch_plan(cfg, world_size=4, context_parallel=3)
+
+
+def test_each_rank_keeps_its_chunks_and_their_global_positions():
+    ids = torch.arange(2 * 16).view(2, 16)
+    batch = {"input_ids": ids, "labels": ids + 100, "attention_mask": torch.ones(2, 16)}
+    for rank in range(2):
+        cp = ContextParallel(size=2, layout="zigzag", rank=rank)
+        shard = cp.shard_batch(batch)
+        assert set(shard) == {"input_ids", "labels", "position_ids"}
+        positions = torch.cat(
+            [torch.arange(c * 4, c * 4 + 4) for c in rank_chunks("zigzag", rank, 2)]
+        )
+        assert torch.equal(shard["position_ids"], positions.expand(2, -1))
+        assert torch.equal(shard["input_ids"], ids[:, positions])
+        assert torch.equal(shard["labels"], ids[:, positions] + 100)
+    padded = dict(batch, attention_mask=torch.tensor([[1] * 16, [1] * 15 + [0]]))
+    with pytest.raises(ValueError, match="no key-padding mask"):
+        ContextParallel(size=2, rank=0).shard_batch(padded)
+    with pytest.raises(ValueError, match="cannot split the batch key 'cu_seqlens'"):
+        ContextParallel(size=2, rank=0).shard_batch(dict(batch, cu_seqlens=torch.zeros(3)))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["seq_len=62"], "seq_len"),  # zigzag: 2 x 2 chunks of equal length
+        (["data=bert_mlm"], "pads short sequences"),
+    ],
+)
+def test_what_cannot_be_split_is_refused_naming_it(overrides, message):
+    cfg = compose(TINY + ["trainer.context_parallel=2", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        check_supported(cfg)
+
+
+def test_ring_attention_refuses_other_backends_by_name():
+    from flashtrain.models import RingAttention
+
+    for impl in ("sdpa", "reference", "blocksparse"):
+        cfg = {"impl": impl, "pattern": "local"} if impl == "blocksparse" else impl
+        with pytest.raises(ValueError, match=f"attention impl '{impl}' cannot be split over ranks"):
+            RingAttention(cfg, group=None)
