@@ -1,1 +1,10 @@
-"""Triton device code: @triton.jit kernels and their launch functions. No autograd, no modules."""
+"""Triton device code: @triton.jit kernels and their launch functions. No autograd, no modules.
+
+Launchers (the op layer's entry points; contract in docs/interfaces.md):
+    flash_fwd.flash_forward, flash_bwd.flash_backward, dropout_mask.dropout_keep_mask
+Kernels: flash_fwd (forward), flash_bwd (delta preprocess and the backward launcher),
+flash_bwd_dkdv, flash_bwd_dq. Shared device helpers: common (constants, sequence bounds, held
+tiles), band (causal/window geometry), visit_plan (which tile ranges a loop streams, dense or
+block-sparse), scores (soft-cap, ALiBi), dropout (seed and keep mask). Host side: launch_args
+(checks and kernel arguments), tuning (tile tables), visits (tile counts without a GPU).
+"""

@@ -1,18 +1,25 @@
-"""Device helpers shared by the forward and backward kernels.
+"""Constants, sequence bounds and the loads/stores of a program's held tiles, shared by every
+kernel, and the host-side stride helpers of the launchers.
 
-Masking convention: query row i (0-based within its sequence) sits at key position
-i + diag, diag = seqlen_k - seqlen_q (bottom-right alignment). It may attend key j when
-    i + diag - left <= j <= i + diag + right   and   j < seqlen_k,
-with causal folded in on the host as right = min(right, 0); an unbounded side is UNBOUNDED.
+Tensors reach the kernels as (batch, seq, head, head_dim) views with head_dim contiguous; a
+packed (varlen) tensor is a batch of one whose sequences start at their cu_seqlens offsets.
 """
+
+import math
 
 import torch
 import triton
 import triton.language as tl
 
+# @triton.jit code may read module globals only when they are tl.constexpr; the host reads .value.
+LOG2E = tl.constexpr(math.log2(math.e))
+LN2 = tl.constexpr(math.log(2.0))
+
 # Stands for "no limit" on a window side: large enough that no index reaches it, small enough
 # that i + diag + UNBOUNDED stays inside int32.
 UNBOUNDED = 1 << 30
+
+MAX_HEAD_DIM = 256
 
 
 @triton.jit
@@ -28,77 +35,66 @@ def sequence_bounds(CU_SEQLENS, b, fixed_len, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def allowed(rows, cols, seqlen_k, diag, window_left, window_right):
-    """Bool tile, True where query `rows` may attend key `cols` (both already broadcast)."""
-    pos = rows + diag
-    return (cols < seqlen_k) & (cols <= pos + window_right) & (cols >= pos - window_left)
+def locate_program(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads,
+                   IS_VARLEN: tl.constexpr):
+    """Where this program works, for grids (tiles, batch * heads):
+    (tile, b, head, q_start, seqlen_q, k_start, seqlen_k)."""
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads
+    q_start, seqlen_q = sequence_bounds(CU_SEQLENS_Q, b, seqlen_q_fixed, IS_VARLEN)
+    k_start, seqlen_k = sequence_bounds(CU_SEQLENS_K, b, seqlen_k_fixed, IS_VARLEN)
+    return tl.program_id(0), b, pid_bh % heads, q_start, seqlen_q, k_start, seqlen_k
 
 
 @triton.jit
-def dropout_keep(seed, rows, cols, seqlen_k, dropout_p):
-    """Bool tile of kept probabilities: Philox keyed on (seed, row * seqlen_k + col).
-
-    The counter wraps modulo 2**32, which stays unique for seqlen_q * seqlen_k <= 2**32.
-    """
-    offsets = rows * seqlen_k + cols
-    return tl.rand(seed, offsets) >= dropout_p
-
-
-@triton.jit
-def key_block_range(
-    m0, seqlen_k, diag, window_left, window_right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    """Key range a query tile [m0, m0 + BLOCK_M) must visit, split for masking.
-
-    Returns (lo, full_lo, full_hi, hi): blocks in [full_lo, full_hi) are allowed everywhere and
-    need no element mask; [lo, full_lo) and [full_hi, hi) need it. lo, full_lo, full_hi are
-    multiples of BLOCK_N; hi is an element bound. Blocks wholly outside the band are never visited.
-    """
-    lo = tl.maximum(m0 + diag - window_left, 0) // BLOCK_N * BLOCK_N
-    hi = tl.minimum(seqlen_k, m0 + BLOCK_M + diag + window_right)
-    hi = tl.maximum(hi, lo)
-    first_full = tl.maximum(m0 + BLOCK_M - 1 + diag - window_left, 0)
-    full_lo = (first_full + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    full_hi = tl.maximum(m0 + diag + window_right + 1, 0) // BLOCK_N * BLOCK_N
-    full_hi = tl.minimum(full_hi, seqlen_k // BLOCK_N * BLOCK_N)
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    return lo, full_lo, full_hi, hi
+def load_tile(base, rows, stride_row, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A program's held tile: rows `rows` (stride_row apart, head_dim contiguous) as
+    (R, BLOCK_D), zero at rows >= n_rows and columns >= HEAD_DIM. (The tiles streamed in the
+    loops are loaded in place: under TRITON_INTERPRET a helper call per tile costs more than
+    the load.)"""
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM)
+    return tl.load(base + rows[:, None] * stride_row + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
-def query_block_range(
-    n0,
-    seqlen_q,
-    seqlen_k,
-    diag,
-    window_left,
-    window_right,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Query range that sees any key of the tile [n0, n0 + BLOCK_N), split like key_block_range.
+def store_tile(base, rows, stride_row, n_rows, tile, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store a (R, BLOCK_D) float32 tile into rows < n_rows, columns < HEAD_DIM, in base's dtype."""
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM)
+    tl.store(base + rows[:, None] * stride_row + cols[None, :], tile.to(base.dtype.element_ty),
+             mask=mask)
 
-    Full query blocks also lie wholly inside seqlen_q and need a key tile wholly inside seqlen_k.
+
+@triton.jit
+def load_row_stats(lse_base, delta_base, rows, n_rows, CHECK_ROWS: tl.constexpr):
+    """The backward's per-row statistics: lse in base 2 and delta = rowsum(dO * O).
+
+    Out-of-range rows and rows that saw no key (lse = -inf) get lse = +inf, so their P is 0.
     """
-    lo = tl.maximum(n0 - diag - window_right, 0) // BLOCK_M * BLOCK_M
-    hi = tl.minimum(seqlen_q, n0 + BLOCK_N - diag + window_left)
-    hi = tl.maximum(hi, lo)
-    first_full = tl.maximum(n0 + BLOCK_N - 1 - diag - window_right, 0)
-    full_lo = (first_full + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    full_hi = tl.maximum(n0 - diag + window_left + 1, 0) // BLOCK_M * BLOCK_M
-    full_hi = tl.minimum(full_hi, seqlen_q // BLOCK_M * BLOCK_M)
-    if n0 + BLOCK_N > seqlen_k:
-        full_hi = 0
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    return lo, full_lo, full_hi, hi
+    if CHECK_ROWS:
+        row_ok = rows < n_rows
+        lse = tl.load(lse_base + rows, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
+    else:
+        lse = tl.load(lse_base + rows)
+        delta = tl.load(delta_base + rows)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+    return lse, delta
 
 
 def seq_strides(t4: torch.Tensor, is_varlen: bool) -> tuple[int, int, int]:
     """(batch, seq, head) strides of a (B, S, H, D) view; packed tensors have no batch stride
     (a sequence is found by its cu_seqlens offset along the seq axis)."""
     return (0 if is_varlen else t4.stride(0)), t4.stride(1), t4.stride(2)
+
+
+def table_strides(count, index, shared_heads: bool) -> tuple[int, int, int]:
+    """(head stride of counts, head stride of indices, row stride of indices) of a block-sparse
+    table pair; a mask shared across heads is read at head 0 by every head."""
+    if shared_heads:
+        return 0, 0, index.stride(1)
+    return count.stride(0), index.stride(0), index.stride(1)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

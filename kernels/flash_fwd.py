@@ -1,62 +1,69 @@
 """FlashAttention-2 forward: a Q tile stays on chip while K/V tiles stream past it.
 
 Online softmax in base 2 (log2(e) folded into the scale), the output normalised once at the
-end, and the log-sum-exp (natural log) saved per row for the backward. Key blocks outside the
-causal/window band are never visited; only blocks that cross the band's edges or the end of
-the sequence pay for an element mask. Block-sparse launches (SPARSE) visit only the kept key
-blocks listed in the layout's tables, partial ones masked and full ones not.
+end, and the log-sum-exp (natural log) saved per row for the backward. Scores may be
+soft-capped and carry an ALiBi bias (flashtrain.kernels.scores); dropout is fused
+(flashtrain.kernels.dropout). Key blocks outside the causal/window band are never visited;
+only blocks that cross the band's edges or the end of the sequence pay for an element mask.
+Block-sparse launches (SPARSE) visit only the kept key blocks listed in the layout's tables,
+partial ones masked and full ones not (flashtrain.kernels.visit_plan).
 """
 
 import triton
 import triton.language as tl
 
+from flashtrain.kernels.band import allowed, key_block_range
 from flashtrain.kernels.common import (
-    allowed,
+    LN2,
     dot_precision,
-    dropout_keep,
-    key_block_range,
+    load_tile,
+    locate_program,
     seq_strides,
-    sequence_bounds,
+    store_tile,
 )
+from flashtrain.kernels.dropout import dropout_keep, head_seed, seed_args
+from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
+from flashtrain.kernels.scores import pending_scale, program_scores, tile_scores
 from flashtrain.kernels.tuning import forward_config
-
-LN2 = 0.6931471805599453
-LOG2E = 1.4426950408889634
+from flashtrain.kernels.visit_plan import segment_entries, segment_span, table_row
 
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                   start, end, seqlen_k, diag, window_left, window_right, scale_log2,
-                   dropout_p, seed,
-                   MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+def _forward_tile_range(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
+                        start, end, seqlen_k, band, scores, dropout,
+                        MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                        HAS_DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Stream key tiles [start, end) past the query tile, updating (acc, l_i, m_i)."""
+    pending = pending_scale(scores, SOFTCAP, ALIBI)
+    offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        v_mask = offs_d[None, :] < HEAD_DIM  # (1, BLOCK_D)
         k_mask = offs_d[:, None] < HEAD_DIM  # (BLOCK_D, 1)
+        v_mask = offs_d[None, :] < HEAD_DIM  # (1, BLOCK_D)
         if MASKED:
-            v_mask = v_mask & (offs_n[:, None] < seqlen_k)
             k_mask = k_mask & (offs_n[None, :] < seqlen_k)
+            v_mask = v_mask & (offs_n[:, None] < seqlen_k)
         # K^T tile (BLOCK_D, BLOCK_N), V tile (BLOCK_N, BLOCK_D)
         k = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None], mask=k_mask, other=0.0)
         qk = tl.dot(q, k, input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32
+        if SOFTCAP or ALIBI:
+            qk, _ = tile_scores(qk, offs_m[:, None], offs_n[None, :], band[0], scores, SOFTCAP, ALIBI)
         if MASKED:
-            ok = allowed(offs_m[:, None], offs_n[None, :], seqlen_k, diag, window_left, window_right)
-            qk = tl.where(ok, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * scale_log2)
+            qk = tl.where(allowed(offs_m[:, None], offs_n[None, :], seqlen_k, band), qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * pending)
         if MASKED:
             # A row with nothing allowed so far keeps m = -inf; shift by 0 to avoid inf - inf.
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_shift = m_new
-        p = tl.math.exp2(qk * scale_log2 - m_shift[:, None])
+        p = tl.math.exp2(qk * pending - m_shift[:, None])
         alpha = tl.math.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
-            keep = dropout_keep(seed, offs_m[:, None], offs_n[None, :], seqlen_k, dropout_p)
-            p = tl.where(keep, p, 0.0)
+            seed_bh, dropout_p = dropout
+            p = tl.where(dropout_keep(seed_bh, offs_m[:, None], offs_n[None, :], seqlen_k, dropout_p), p, 0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=v_mask, other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
@@ -64,86 +71,75 @@ def _forward_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_
 
 
 @triton.jit
+def _forward_key_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
+                      seqlen_k, band, scores, dropout, bounds, tables, at,
+                      SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                      PRECISION: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
+                      COUNT_VISITS: tl.constexpr):
+    """Run the query tile's visit plan (flashtrain.kernels.visit_plan); also returns the number
+    of key tiles streamed when COUNT_VISITS."""
+    tiles = 0
+    for seg in tl.static_range(3 - SPARSE):
+        for entry in range(segment_entries(tables, at, seg, SPARSE)):
+            start, end = segment_span(bounds, tables, at, seg, entry, SPARSE, SPARSE_BLOCK)
+            acc, l_i, m_i = _forward_tile_range(
+                acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
+                start, end, seqlen_k, band, scores, dropout,
+                (seg == 0) if SPARSE else (seg != 1), SOFTCAP, ALIBI, HAS_DROPOUT,
+                HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+            if COUNT_VISITS:
+                tiles += (end - start + BLOCK_N - 1) // BLOCK_N
+    return acc, l_i, m_i, tiles
+
+
+@triton.jit(do_not_specialize=["seed"])
 def flash_forward_kernel(
-    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, VISITS,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, SEED, VISITS,
     KV_PARTIAL_COUNT, KV_PARTIAL_INDEX, KV_FULL_COUNT, KV_FULL_INDEX,
     stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh, stride_count_h, stride_index_h, stride_index_row,
-    seqlen_q_fixed, seqlen_k_fixed, heads_q, scale_log2,
-    window_left, window_right, dropout_p, seed,
+    seqlen_q_fixed, seqlen_k_fixed, heads_q, window_left, window_right,
+    scale_log2, softcap_scale, softcap_log2, stride_ab, stride_ah, dropout_p, seed,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
-    SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr, COUNT_VISITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    SEED_IN_MEMORY: tl.constexpr, COUNT_VISITS: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // heads_q
-    h = pid_bh % heads_q
+    pid_m, b, h, q_start, seqlen_q, k_start, seqlen_k = locate_program(
+        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q, IS_VARLEN)
     h_kv = h // GROUP
-    q_start, seqlen_q = sequence_bounds(CU_SEQLENS_Q, b, seqlen_q_fixed, IS_VARLEN)
-    k_start, seqlen_k = sequence_bounds(CU_SEQLENS_K, b, seqlen_k_fixed, IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
-    diag = seqlen_k - seqlen_q
+    band = (seqlen_k - seqlen_q, window_left, window_right)
+    scores = program_scores(scale_log2, softcap_scale, softcap_log2, ALIBI_SLOPES, b, h,
+                            stride_ab, stride_ah, ALIBI)
+    dropout = (head_seed(SEED, seed, b, h, heads_q, SEED_IN_MEMORY), dropout_p)
     b64 = b.to(tl.int64)
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    row_ok = offs_m < seqlen_q
-    d_ok = offs_d < HEAD_DIM
     q_base = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h * stride_qh
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+    q = load_tile(q_base, offs_m, stride_qm, seqlen_q, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
     k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + h_kv * stride_kh
     v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + h_kv * stride_vh
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    seed_bh = seed + pid_bh
-
-    if SPARSE:
-        # The query tile lies inside one layout block; visit only that block's kept key blocks.
-        q_block = m0 // SPARSE_BLOCK
-        count_at = h * stride_count_h + q_block
-        index_at = h * stride_index_h + q_block * stride_index_row
-        n_partial = tl.load(KV_PARTIAL_COUNT + count_at)
-        n_full = tl.load(KV_FULL_COUNT + count_at)
-        for t in range(n_partial):
-            n_lo = tl.load(KV_PARTIAL_INDEX + index_at + t) * SPARSE_BLOCK
-            acc, l_i, m_i = _forward_tiles(
-                acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                n_lo, n_lo + SPARSE_BLOCK, seqlen_k, diag, window_left, window_right, scale_log2,
-                dropout_p, seed_bh, True, HEAD_DIM, BLOCK_N, HAS_DROPOUT, PRECISION)
-        for t in range(n_full):
-            n_lo = tl.load(KV_FULL_INDEX + index_at + t) * SPARSE_BLOCK
-            acc, l_i, m_i = _forward_tiles(
-                acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                n_lo, n_lo + SPARSE_BLOCK, seqlen_k, diag, window_left, window_right, scale_log2,
-                dropout_p, seed_bh, False, HEAD_DIM, BLOCK_N, HAS_DROPOUT, PRECISION)
-        tiles = (n_partial + n_full) * (SPARSE_BLOCK // BLOCK_N)
-    else:
-        lo, full_lo, full_hi, hi = key_block_range(m0, seqlen_k, diag, window_left, window_right,
-                                                   BLOCK_M, BLOCK_N)
-        acc, l_i, m_i = _forward_tiles(
-            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-            lo, full_lo, seqlen_k, diag, window_left, window_right, scale_log2,
-            dropout_p, seed_bh, True, HEAD_DIM, BLOCK_N, HAS_DROPOUT, PRECISION)
-        acc, l_i, m_i = _forward_tiles(
-            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-            full_lo, full_hi, seqlen_k, diag, window_left, window_right, scale_log2,
-            dropout_p, seed_bh, False, HEAD_DIM, BLOCK_N, HAS_DROPOUT, PRECISION)
-        acc, l_i, m_i = _forward_tiles(
-            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-            full_hi, hi, seqlen_k, diag, window_left, window_right, scale_log2,
-            dropout_p, seed_bh, True, HEAD_DIM, BLOCK_N, HAS_DROPOUT, PRECISION)
-        tiles = (full_lo - lo + BLOCK_N - 1) // BLOCK_N + (full_hi - full_lo) // BLOCK_N
-        tiles += (hi - full_hi + BLOCK_N - 1) // BLOCK_N
+    # Dense: the band's key range; sparse: the kept key blocks of the query tile's layout block.
+    bounds = key_block_range(m0, seqlen_k, band, BLOCK_M, BLOCK_N)
+    tables = (KV_PARTIAL_COUNT, KV_PARTIAL_INDEX, KV_FULL_COUNT, KV_FULL_INDEX)
+    at = table_row(h, m0 // SPARSE_BLOCK, (stride_count_h, stride_index_h, stride_index_row))
+    acc, l_i, m_i, tiles = _forward_key_loop(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
+        seqlen_k, band, scores, dropout, bounds, tables, at,
+        SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
+        SPARSE, SPARSE_BLOCK, COUNT_VISITS)
     if COUNT_VISITS:  # key tiles this program streamed, for cost accounting without a GPU
-        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, tiles)
+        tl.store(VISITS + (b * heads_q + h) * tl.num_programs(0) + pid_m, tiles)
 
     # Rows that saw no key: output 0, lse -inf.
     empty = l_i == 0.0
@@ -153,60 +149,48 @@ def flash_forward_kernel(
         out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     o_base = O + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h * stride_oh
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(O.dtype.element_ty),
-             mask=row_ok[:, None] & d_ok[None, :])
+    store_tile(o_base, offs_m, stride_om, seqlen_q, out, HEAD_DIM, BLOCK_D)
     lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
-    tl.store(lse_base + offs_m, lse, mask=row_ok)
-
-
-def table_strides(count, index, shared_heads: bool) -> tuple[int, int, int]:
-    """(head stride of counts, head stride of indices, row stride of indices); a mask shared
-    across heads is read at head 0 by every head."""
-    return (0 if shared_heads else count.stride(0)), (0 if shared_heads else index.stride(0)), index.stride(1)
+    tl.store(lse_base + offs_m, lse, mask=offs_m < seqlen_q)
 
 
 def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                   softmax_scale, window_left, window_right, dropout_p, seed, tables=None,
-                  block_size=0, visits=None):
+                  block_size=0, visits=None, softcap=0.0, alibi_slopes=None):
     """Launch the forward. Dense: q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), lse (B, Hq, Sq).
     Packed: q (total_q, Hq, D), k/v (total_k, Hkv, D), lse (Hq, total_q), cu_seqlens int32 (B+1,).
-    Writes out (like q) and lse (float32) in place. Windows use flashtrain.kernels.common.UNBOUNDED for -1.
+    Writes out (like q) and lse (float32, natural log) in place. head_dim any 1..256.
+    Windows use flashtrain.kernels.common.UNBOUNDED for an unbounded side; causal is right = 0.
+    seed: a Python int in [0, 2**63) or a 1-element int64 tensor on q's device (no host sync);
+        the same value gives the same dropout mask either way.
+    softcap: > 0 caps the scores at softcap * tanh(s / softcap); 0 = off.
+    alibi_slopes: None or float32 (B, Hq) on q's device; the bias is -slope * |i + Sk - Sq - j|.
     tables: a block-sparse layout's int32 tables (BlockTables.as_list()) at block_size tokens.
     visits: optional zeroed int32 tensor (B * Hq * query tiles,) that receives, per program,
     the number of key tiles it streamed.
     """
-    is_varlen = cu_seqlens_q is not None
-    if is_varlen:
-        batch = cu_seqlens_q.numel() - 1
-        q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
-        stride_lb, stride_lh = 0, lse.stride(0)
-    else:
-        batch = q.shape[0]
-        q4, k4, v4, o4 = q, k, v, out
-        stride_lb, stride_lh = lse.stride(0), lse.stride(1)
-        cu_seqlens_q = cu_seqlens_k = lse  # unused placeholders (IS_VARLEN=False)
-    heads_q, head_dim = q4.shape[2], q4.shape[3]
-    heads_kv = k4.shape[2]
-    cfg = forward_config(head_dim, q.dtype, q.device, block_size)
+    layout = attention_layout(q, k, lse, cu_seqlens_q, cu_seqlens_k, v, out)
+    q4, k4, v4, o4 = layout.views(q, k, v, out)
+    cu_q, cu_k = (cu_seqlens_q, cu_seqlens_k) if layout.is_varlen else (lse, lse)  # placeholders
+    slopes, score_scalars, score_flags = score_args(softmax_scale, softcap, alibi_slopes, layout,
+                                                    q.device, lse)
+    seed_ptr, seed_value, seed_in_memory = seed_args(seed, q.device, lse)
+    cfg = forward_config(layout.head_dim, q.dtype, q.device, block_size)
     sparse = bool(tables)
-    if sparse:
-        kv_pc, kv_pi, kv_fc, kv_fi = tables[:4]
-        t_strides = table_strides(kv_pc, kv_pi, kv_pc.shape[0] == 1)
-    else:
-        kv_pc = kv_pi = kv_fc = kv_fi = lse  # unused placeholders (SPARSE=False)
-        t_strides = (0, 0, 0)
-    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), batch * heads_q)
+    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), layout.batch * layout.heads_q)
+    table_tensors, table_stride_args = sparse_args(tables[:4] if sparse else None, lse)
     flash_forward_kernel[grid](
-        q4, k4, v4, o4, lse, cu_seqlens_q, cu_seqlens_k, visits if visits is not None else lse,
-        kv_pc, kv_pi, kv_fc, kv_fi,
-        *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen),
-        *seq_strides(v4, is_varlen), *seq_strides(o4, is_varlen),
-        stride_lb, stride_lh, *t_strides,
-        max_seqlen_q, max_seqlen_k, heads_q, softmax_scale * LOG2E,
-        window_left, window_right, dropout_p, seed,
-        GROUP=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=cfg.block_d,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        IS_VARLEN=is_varlen, HAS_DROPOUT=dropout_p > 0.0, PRECISION=dot_precision(q.dtype),
-        SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1, COUNT_VISITS=visits is not None,
+        q4, k4, v4, o4, lse, cu_q, cu_k, slopes, seed_ptr, visits if visits is not None else lse,
+        *table_tensors,
+        *seq_strides(q4, layout.is_varlen), *seq_strides(k4, layout.is_varlen),
+        *seq_strides(v4, layout.is_varlen), *seq_strides(o4, layout.is_varlen),
+        *layout.lse_strides, *table_stride_args,
+        max_seqlen_q, max_seqlen_k, layout.heads_q, window_left, window_right,
+        *score_scalars, dropout_p, seed_value,
+        GROUP=layout.heads_q // layout.heads_kv, HEAD_DIM=layout.head_dim, BLOCK_D=cfg.block_d,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PRECISION=dot_precision(q.dtype),
+        IS_VARLEN=layout.is_varlen, SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1,
+        **score_flags, HAS_DROPOUT=dropout_p > 0.0, SEED_IN_MEMORY=seed_in_memory,
+        COUNT_VISITS=visits is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

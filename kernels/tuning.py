@@ -26,12 +26,18 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _small_smem(device: torch.device) -> bool:
+def gpu_capability(device: torch.device) -> tuple[int, int] | None:
+    """Compute capability the kernels compile for on `device`; None under the interpreter or off
+    CUDA (the small test tile). The one place the tables ask the hardware, so a compile check
+    can stand in a target GPU (tests/attention/kernel_compile.py)."""
+    if interpreted() or device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def _small_smem(capability: tuple[int, int]) -> bool:
     """Pre-Hopper parts (and consumer cards) have too little shared memory for 3+ stages at d=128."""
-    if device.type != "cuda":
-        return False
-    major, _ = torch.cuda.get_device_capability(device)
-    return major < 9
+    return capability[0] < 9
 
 
 def _fit_sparse(cfg: TileConfig, sparse_block: int) -> TileConfig:
@@ -53,19 +59,21 @@ def backward_config(head_dim: int, dtype: torch.dtype, device: torch.device, spa
 
 def _forward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
     block_d = max(16, triton.next_power_of_2(head_dim))
-    if interpreted() or device.type != "cuda":
+    capability = gpu_capability(device)
+    if capability is None:
         return TileConfig(32, 16, block_d, 4, 1)
     wide = dtype == torch.float32  # fp32 tiles take twice the registers and shared memory
+    stages = 2 if _small_smem(capability) else 3
     if block_d <= 64:
-        return TileConfig(128, 64 if not wide else 32, block_d, 4, 2 if _small_smem(device) else 3)
+        return TileConfig(128, 64 if not wide else 32, block_d, 4, stages)
     if block_d <= 128:
-        return TileConfig(128, 64 if not wide else 32, block_d, 8, 2 if _small_smem(device) else 3)
+        return TileConfig(128, 64 if not wide else 32, block_d, 8, stages)
     return TileConfig(64, 32, block_d, 4, 2)
 
 
 def _backward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
     block_d = max(16, triton.next_power_of_2(head_dim))
-    if interpreted() or device.type != "cuda":
+    if gpu_capability(device) is None:
         return TileConfig(16, 32, block_d, 4, 1)
     wide = dtype == torch.float32
     if block_d <= 64:

@@ -1,6 +1,6 @@
 """Host-side count of the key tiles the forward kernel streams, for cost accounting on machines
 without a GPU (a 64K-token launch is far too slow for the interpreter). The arithmetic mirrors
-flashtrain.kernels.common.key_block_range; tests check it against the kernel's own COUNT_VISITS output."""
+flashtrain.kernels.band.key_block_range; tests check it against the kernel's own COUNT_VISITS output."""
 
 from flashtrain.kernels.common import UNBOUNDED
 

@@ -4,7 +4,8 @@
     python scripts/make_pathfinder.py --resolution 32 --num 16 --no-cache --grid docs/pathfinder_32.png
 
 With a cache (the default) the images land where the pathfinder data configs read them
-(<cache_dir>/pathfinder/...), so training starts without generating again.
+(<cache_dir>/pathfinder/...), so training starts without generating again. An interrupted run
+(Ctrl-C, SIGTERM, kill -9) keeps its finished chunks: run the same command again to continue.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ def save_grid(images: np.ndarray, labels: np.ndarray, path: Path, columns: int =
     size = images.shape[1]
     fig.suptitle(f"Pathfinder {size}x{size} ({size * size} tokens)", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.95), h_pad=1.5)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    from flashtrain.data.files import atomic_path
+
+    with atomic_path(path) as tmp:  # a killed run never leaves half a PNG
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
 
 
@@ -57,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from flashtrain.data.pathfinder import generate_pathfinder
-    from flashtrain.data.pathfinder_data import load_or_generate
+    from flashtrain.data.pathfinder_cache import load_or_generate
 
     start = time.perf_counter()
     if args.no_cache:

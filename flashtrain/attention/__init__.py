@@ -1,8 +1,15 @@
 """Public attention API: exact FlashAttention (dense, varlen, block-sparse) on Triton kernels,
-and ring attention for sequences split over the ranks of a process group."""
+with flash-attn's function names and argument order, and ring attention for sequences split over
+the ranks of a process group."""
 
 from flashtrain.attention import sparsity
 from flashtrain.attention.api import blocksparse_attn_func, flash_attn_func, flash_attn_varlen_func
+from flashtrain.attention.packed import (
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
 from flashtrain.attention.padding import pad_input, unpad_input
 from flashtrain.attention.ring import ring_attn_func
 from flashtrain.attention.ring_layout import shard_sequence, unshard_sequence
@@ -10,7 +17,11 @@ from flashtrain.attention.ring_layout import shard_sequence, unshard_sequence
 __all__ = [
     "blocksparse_attn_func",
     "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "pad_input",
     "ring_attn_func",
     "shard_sequence",

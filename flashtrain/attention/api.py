@@ -1,4 +1,8 @@
-"""The public attention functions (see docs/interfaces.md and ../shared/DESIGN.md)."""
+"""The public attention functions (contracts in docs/interfaces.md).
+
+flash_attn_func and flash_attn_varlen_func take flash-attn's positional order and names, so
+code ported from flash_attn runs unchanged; the keyword forms work too.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +10,10 @@ import math
 
 import torch
 
-from flashtrain.attention import validation
+from flashtrain.attention import attn_probs, validation
 from flashtrain.attention.block_layout import BlockSparseLayout
-from flashtrain.attention.ops import attention_forward
-
-
-def _window(causal: bool, window_size) -> tuple[int, int]:
-    """Fold causal into the window: causal means no key to the right of the diagonal."""
-    left, right = validation.check_window(window_size)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    return left, right
+from flashtrain.attention.ops import AttentionArgs, attention_forward
+from flashtrain.attention.reference import fold_window
 
 
 def _last_dim_contiguous(*tensors: torch.Tensor):
@@ -24,47 +21,96 @@ def _last_dim_contiguous(*tensors: torch.Tensor):
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
 
 
+def _attend(
+    q, k, v, *, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+    deterministic, return_attn_probs, return_lse, cu_seqlens_q=None, cu_seqlens_k=None,
+    max_seqlen_q=None, max_seqlen_k=None, block_mask=None, block_size=0,
+):  # fmt: skip
+    """Validate, run the op once, and assemble what the public functions return:
+    out; (out, lse) with return_lse; (out, lse, S_dmask) with return_attn_probs."""
+    packed = cu_seqlens_q is not None
+    validation.check_qkv(q, k, v, packed=packed)
+    validation.check_scale(softmax_scale)
+    validation.check_dropout(dropout_p)
+    validation.check_softcap(softcap)
+    if packed:
+        validation.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
+        batch, heads_q = cu_seqlens_q.numel() - 1, q.shape[1]
+        max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    else:
+        batch, heads_q = q.shape[0], q.shape[2]
+        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+    slopes = validation.check_alibi_slopes(alibi_slopes, batch, heads_q, q.device)
+    left, right = fold_window(validation.check_window(window_size), causal, max_seqlen_k)
+    layout = tables = None
+    if block_mask is not None:
+        layout = validation.check_block_mask(block_mask, block_size, q, k)
+        tables = layout.tables(max_seqlen_q, max_seqlen_k, causal, q.device).as_list()
+    if return_attn_probs:
+        attn_probs.check_size(batch, heads_q, max_seqlen_q, max_seqlen_k)
+    q, k, v = _last_dim_contiguous(q, k, v)
+    args = AttentionArgs(
+        q=q,
+        k=k,
+        v=v,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        softmax_scale=float(
+            1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
+        ),
+        window_left=left,
+        window_right=right,
+        dropout_p=float(dropout_p),
+        softcap=float(softcap),
+        alibi_slopes=slopes,
+        deterministic=bool(deterministic),
+        # Only the PyTorch path (CPU) reads the mask; a copy to a GPU would cost a sync per call.
+        block_mask=layout.block_mask if layout is not None and q.device.type == "cpu" else None,
+        block_tables=tables or [],
+        block_size=layout.block_size if layout is not None else 0,
+    )
+    out, lse, seed = attention_forward(*args)
+    if return_attn_probs:
+        mask = layout.block_mask if layout is not None else None
+        return out, lse, attn_probs.attention_probs(args, seed, block_mask=mask)
+    return (out, lse) if return_lse else out
+
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    *,
-    causal: bool = False,
-    softmax_scale: float | None = None,
     dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
     return_lse: bool = False,
 ):
     """Exact attention without materialising the (seqlen_q, seqlen_k) matrix.
 
-    q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D), Hq % Hkv == 0 (MQA/GQA without copying K/V).
-    causal with Sq != Sk is aligned bottom-right; window_size=(left, right), -1 = unbounded.
-    Returns out (B, Sq, Hq, D), and with return_lse also lse (B, Hq, Sq) float32 (natural log,
-    -inf for rows that see no key; lse carries no gradient).
+    q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D), Hq % Hkv == 0 (MQA/GQA without copying K/V),
+    D any of 1..256; fp16, bf16 or fp32.
+    dropout_p: drawn from torch's default generator of q's device (manual_seed replays it).
+    softmax_scale: default 1 / sqrt(D).
+    causal: with Sq != Sk aligned bottom-right (query i sees keys j <= i + Sk - Sq).
+    window_size: (left, right); query i sees keys in [i + Sk - Sq - left, i + Sk - Sq + right];
+        -1, or any side >= Sk, is unbounded.
+    softcap: > 0 replaces each score s by softcap * tanh(s / softcap); 0 = off.
+    alibi_slopes: float32 (Hq,) or (B, Hq): adds -slope * |i + Sk - Sq - j| after the softcap.
+    deterministic: the backward is bitwise repeatable (no atomics).
+    Returns out (B, Sq, Hq, D); with return_lse also lse (B, Hq, Sq) float32 (natural log, -inf
+    for rows that see no key; lse carries no gradient); with return_attn_probs (out, lse,
+    S_dmask), S_dmask (B, Hq, Sq, Sk) as flashtrain.attention.attn_probs describes (small
+    sizes only).
     """
-    validation.check_qkv(q, k, v)
-    validation.check_scale(softmax_scale)
-    validation.check_dropout(dropout_p)
-    left, right = _window(causal, window_size)
-    q, k, v = _last_dim_contiguous(q, k, v)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    out, lse, _ = attention_forward(
-        q,
-        k,
-        v,
-        None,
-        None,
-        q.shape[1],
-        k.shape[1],
-        float(scale),
-        left,
-        right,
-        float(dropout_p),
-        None,
-        [],
-        0,
-    )
-    return (out, lse) if return_lse else out
+    return _attend(**locals())  # every parameter, by its own name
 
 
 def flash_attn_varlen_func(
@@ -75,42 +121,27 @@ def flash_attn_varlen_func(
     cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int,
     max_seqlen_k: int,
-    *,
-    causal: bool = False,
-    softmax_scale: float | None = None,
     dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
     return_lse: bool = False,
 ):
     """Attention over packed sequences: q (total_q, Hq, D), k/v (total_k, Hkv, D).
 
-    Sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1] and attends only within itself.
-    Returns out (total_q, Hq, D), and with return_lse also lse (Hq, total_q) float32.
+    Sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1] (int32 prefix sums) and attends only
+    within itself; options as flash_attn_func (window sides compared with max_seqlen_k, ALiBi
+    and causal alignment per sequence). Returns out (total_q, Hq, D), with return_lse also
+    lse (Hq, total_q) float32, with return_attn_probs (out, lse, S_dmask (B, Hq, max_seqlen_q,
+    max_seqlen_k)). The values of cu_seqlens are checked on CPU tensors, and on a GPU only with
+    FLASHTRAIN_CHECK_INPUTS=1 (reading them costs a host sync).
     """
-    validation.check_qkv(q, k, v, packed=True)
-    validation.check_scale(softmax_scale)
-    validation.check_dropout(dropout_p)
-    validation.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
-    left, right = _window(causal, window_size)
-    q, k, v = _last_dim_contiguous(q, k, v)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    out, lse, _ = attention_forward(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        int(max_seqlen_q),
-        int(max_seqlen_k),
-        float(scale),
-        left,
-        right,
-        float(dropout_p),
-        None,
-        [],
-        0,
-    )
-    return (out, lse) if return_lse else out
+    return _attend(**locals())  # every parameter, by its own name
 
 
 def blocksparse_attn_func(
@@ -123,6 +154,10 @@ def blocksparse_attn_func(
     causal: bool = False,
     softmax_scale: float | None = None,
     dropout_p: float = 0.0,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
     return_lse: bool = False,
 ):
     """Attention over the kept blocks only: equal (up to rounding) to dense attention whose
@@ -131,31 +166,7 @@ def blocksparse_attn_func(
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D). block_mask: bool (Hm, ceil(Sq/bs), ceil(Sk/bs)),
     Hm 1 (shared) or Hq, or a BlockSparseLayout from flashtrain.attention.sparsity (whose
     compiled tables are cached across calls; a raw mask is compiled on every call).
-    Rows whose blocks are all empty return 0 with lse -inf and pass no gradient.
+    Rows whose blocks are all empty return 0 with lse -inf and pass no gradient. The other
+    options and the return values are those of flash_attn_func.
     """
-    validation.check_qkv(q, k, v)
-    validation.check_scale(softmax_scale)
-    validation.check_dropout(dropout_p)
-    layout = validation.check_block_mask(block_mask, block_size, q, k)
-    left, right = _window(causal, (-1, -1))
-    q, k, v = _last_dim_contiguous(q, k, v)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    tables = layout.tables(seqlen_q, seqlen_k, causal, q.device)
-    out, lse, _ = attention_forward(
-        q,
-        k,
-        v,
-        None,
-        None,
-        seqlen_q,
-        seqlen_k,
-        float(scale),
-        left,
-        right,
-        float(dropout_p),
-        layout.block_mask.to(q.device),
-        tables.as_list(),
-        layout.block_size,
-    )
-    return (out, lse) if return_lse else out
+    return _attend(window_size=(-1, -1), **locals())  # every parameter, by its own name

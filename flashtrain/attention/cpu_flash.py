@@ -1,25 +1,31 @@
 """The CPU fast path: ATen's fused flash-attention kernel for CPU, for the calls it covers
-exactly (no dropout, no block mask, no window, causal only with seqlen_q == seqlen_k where its
-top-left alignment equals our bottom-right one). It keeps O and the log-sum-exp like ours and
-recomputes in its backward, so memory stays linear; torch_path's chunked code does the rest."""
+exactly and as accurately as the rest of the project: float32, no dropout, block mask, softcap
+or ALiBi, no window, causal only with seqlen_q == seqlen_k (where its top-left alignment equals
+our bottom-right one), and no empty sequence (it divides by zero there: SIGFPE). In fp16/bf16
+its gradients are 1.5-3x the error of the same math in PyTorch, over the project's 2x rule, so
+low precision goes to torch_path's chunked code, which computes in float32. It keeps O and the
+log-sum-exp like ours and recomputes in its backward, so memory stays linear."""
 
 from __future__ import annotations
 
 import torch
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-
-def eligible(q, k, *, window, dropout_p, block_mask) -> bool:
+def eligible(q: torch.Tensor, k: torch.Tensor, opts) -> bool:
+    """opts: a torch_path.AttentionOptions (window folded, sides >= seqlen_k already -1)."""
     if (
         q.device.type != "cpu"
-        or q.dtype not in _DTYPES
-        or dropout_p > 0.0
-        or block_mask is not None
+        or q.dtype != torch.float32
+        or q.numel() == 0
+        or k.numel() == 0
+        or opts.dropout_p > 0.0
+        or opts.block_mask is not None
+        or opts.softcap > 0.0
+        or opts.alibi_slopes is not None
     ):
         return False
-    dense = window == (-1, -1)
-    causal_square = window == (-1, 0) and q.shape[1] == k.shape[1]
+    dense = opts.window == (-1, -1)
+    causal_square = opts.window == (-1, 0) and q.shape[1] == k.shape[1]
     return dense or causal_square
 
 

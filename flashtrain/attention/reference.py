@@ -1,8 +1,9 @@
 """Plain PyTorch attention math that materialises the full score matrix.
 
 For tests (in float64) and for debugging (`attention=reference`). Every element-level rule of the
-public API lives here in its most literal form: bottom-right causal alignment, sliding windows,
-block masks expanded to elements, varlen sequences, rows that see no key.
+public API lives here in its most literal form: bottom-right causal alignment, sliding windows
+(a side >= seqlen_k is unbounded), soft-capping, ALiBi, block masks expanded to elements,
+rows that see no key.
 """
 
 from __future__ import annotations
@@ -12,24 +13,39 @@ import math
 import torch
 
 
+def fold_window(window_size: tuple[int, int], causal: bool, seqlen_k: int) -> tuple[int, int]:
+    """The (left, right) window a call means, -1 = unbounded.
+
+    A side >= seqlen_k is unbounded, as in flash-attn (so huge values never reach the kernels'
+    int32 arithmetic); causal caps the right side at 0 (no key to the right of the diagonal).
+    """
+    left, right = (-1 if side >= seqlen_k else side for side in window_size)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
 def allowed_mask(
     seqlen_q: int,
     seqlen_k: int,
+    window: tuple[int, int],
     *,
-    causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
+    rows: slice | None = None,
+    cols: slice | None = None,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """Bool (seqlen_q, seqlen_k): True where query i may attend key j.
+    """Bool (rows, cols): True where query i may attend key j; all of (seqlen_q, seqlen_k) by
+    default, or only the block rows x cols (so a chunk of queries never builds the full matrix).
 
+    window: (left, right) as fold_window returns it, -1 = unbounded, each side taken literally.
     Query i sits at position i + seqlen_k - seqlen_q of the key axis (bottom-right alignment).
     """
-    i = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
-    j = torch.arange(seqlen_k, device=device)[None, :]
-    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    left, right = window_size
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
+    rows = rows or slice(0, seqlen_q)
+    cols = cols or slice(0, seqlen_k)
+    i = torch.arange(rows.start, rows.stop, device=device)[:, None] + (seqlen_k - seqlen_q)
+    j = torch.arange(cols.start, cols.stop, device=device)[None, :]
+    keep = torch.ones(i.shape[0], j.shape[1], dtype=torch.bool, device=device)
+    left, right = window
     if right >= 0:
         keep &= j <= i + right
     if left >= 0:
@@ -37,10 +53,62 @@ def allowed_mask(
     return keep
 
 
+def alibi_distance(
+    seqlen_q: int,
+    seqlen_k: int,
+    *,
+    rows: slice | None = None,
+    cols: slice | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Float32 (rows, cols): |i + seqlen_k - seqlen_q - j|, which ALiBi scales by -slope."""
+    rows = rows or slice(0, seqlen_q)
+    cols = cols or slice(0, seqlen_k)
+    i = torch.arange(rows.start, rows.stop, device=device)[:, None] + (seqlen_k - seqlen_q)
+    j = torch.arange(cols.start, cols.stop, device=device)[None, :]
+    return (i - j).abs().to(torch.float32)
+
+
 def expand_block_mask(block_mask: torch.Tensor, block_size: int, seqlen_q: int, seqlen_k: int):
     """(H, nq, nk) bool block mask -> (H, seqlen_q, seqlen_k) element mask."""
     m = block_mask.repeat_interleave(block_size, dim=-2).repeat_interleave(block_size, dim=-1)
     return m[..., :seqlen_q, :seqlen_k]
+
+
+def attention_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    element_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores (B, Hq, Sq, Sk) in q's dtype with disallowed entries at -inf, and the bool mask of
+    allowed entries (broadcast to the same shape).
+
+    scores = q k^T * scale; softcap > 0: softcap * tanh(scores / softcap); then
+    - slope[b, h] * |i + Sk - Sq - j| (alibi_slopes float32 (Hq,) or (B, Hq)); then the masks.
+    """
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    k = k.repeat_interleave(heads_q // heads_kv, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale  # (B, H, Sq, Sk)
+    if softcap > 0.0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.expand(batch, heads_q)[:, :, None, None]  # (B, H, 1, 1)
+        distance = alibi_distance(seqlen_q, seqlen_k, device=q.device)  # (Sq, Sk), exact integers
+        scores = scores - slopes.to(scores.dtype) * distance.to(scores.dtype)
+    window = fold_window(window_size, causal, seqlen_k)
+    keep = allowed_mask(seqlen_q, seqlen_k, window, device=q.device)
+    if element_mask is not None:
+        keep = keep & element_mask.to(torch.bool)
+    keep = keep.expand_as(scores)
+    return scores.masked_fill(~keep, float("-inf")), keep
 
 
 def attention_reference(
@@ -51,6 +119,8 @@ def attention_reference(
     causal: bool = False,
     softmax_scale: float | None = None,
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
     element_mask: torch.Tensor | None = None,
     dropout_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
@@ -68,22 +138,21 @@ def attention_reference(
     dtype_out = q.dtype
     if upcast and q.dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.float(), k.float(), v.float()
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    group = heads_q // heads_kv
-    k = k.repeat_interleave(group, dim=2)
-    v = v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale  # (B, H, Sq, Sk)
-    keep = allowed_mask(seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=q.device)
-    if element_mask is not None:
-        keep = keep & element_mask.to(torch.bool)
-    keep = keep.expand_as(scores)
-    scores = scores.masked_fill(~keep, float("-inf"))
+    scores, keep = attention_scores(
+        q,
+        k,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window_size=window_size,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        element_mask=element_mask,
+    )
     lse = torch.logsumexp(scores.float() if scores.dtype != torch.float64 else scores, dim=-1)
     row_empty = ~keep.any(dim=-1, keepdim=True)
     probs = torch.softmax(scores, dim=-1).masked_fill(row_empty, 0.0)
     if dropout_mask is not None:
         probs = probs.masked_fill(~dropout_mask, 0.0) / (1.0 - dropout_p)
+    v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
     out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
     return out.to(dtype_out), lse

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from flashtrain.attention import validation
 from flashtrain.attention.api import flash_attn_func
-from flashtrain.attention.ops import attention_backward
+from flashtrain.attention.ops import AttentionArgs, attention_backward
 from flashtrain.attention.ring_layout import chunks_per_rank, group_rank_and_size
 
 # P2P tags: gloo matches messages by tag, so a K/V block and a dK/dV block in flight between
@@ -41,12 +41,14 @@ def _local_forward(q, k, v, causal: bool, scale: float):
 
 def _local_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
     """(dq, dk, dv) of one block, recomputed from the given (global) out and lse."""
-    no_dropout_seed = torch.zeros(1, dtype=torch.int64)
-    window_right = 0 if causal else -1
-    return attention_backward(
-        dout, q, k, v, out, lse.contiguous(), no_dropout_seed, None, None,
-        q.shape[1], k.shape[1], scale, -1, window_right, 0.0, None, [], 0,
+    no_dropout_seed = torch.zeros(1, dtype=torch.int64, device=q.device)
+    args = AttentionArgs(
+        q=q, k=k, v=v, cu_seqlens_q=None, cu_seqlens_k=None,
+        max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1], softmax_scale=scale,
+        window_left=-1, window_right=0 if causal else -1, dropout_p=0.0, softcap=0.0,
+        alibi_slopes=None, deterministic=True, block_mask=None, block_tables=[], block_size=0,
     )  # fmt: skip
+    return attention_backward(dout, out, lse.contiguous(), no_dropout_seed, *args)
 
 
 # ---- Which part of the K/V block in hand this rank's queries attend to. ----

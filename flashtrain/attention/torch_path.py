@@ -1,47 +1,107 @@
 """Memory-linear attention in plain PyTorch: the CPU path when the Triton interpreter is off.
 
 Calls that ATen's fused CPU flash kernel covers exactly go there (flashtrain.attention.cpu_flash);
-everything else (dropout, windows, block masks, causal with seqlen_q != seqlen_k) runs here.
+everything else (low precision, dropout, windows, block masks, softcap, ALiBi, causal with
+seqlen_q != seqlen_k, empty sequences) runs here.
 
 The same algorithm as the kernels, at the granularity of query chunks: the forward keeps only
 the output and the log-sum-exp; the backward recomputes each chunk's probabilities from them.
-Peak extra memory is one (B, H, chunk, Sk) score block, never (Sq, Sk) for all queries at once.
-Dropout regenerates its keep-mask per chunk from (seed, chunk index), so the backward sees the
-forward's exact mask.
+A chunk of CHUNK query rows visits only the key columns its window lets any of its rows see, and
+builds its masks for that (rows, cols) block alone, so the largest temporary is one
+(B, H, CHUNK, cols) score block, never (Sq, Sk). Dropout regenerates its keep-mask per chunk
+from (seed, chunk index), so the backward sees the forward's exact mask.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from flashtrain.attention import cpu_flash
-from flashtrain.attention.reference import allowed_mask
+from flashtrain.attention.reference import alibi_distance, allowed_mask
 
-# Query rows per chunk: a (B, H, CHUNK, Sk) float32 block is the largest temporary.
+# Query rows per chunk: a (B, H, CHUNK, cols) float32 block is the largest temporary.
 CHUNK = 256
 
 
+@dataclass(frozen=True)
+class AttentionOptions:
+    """Everything besides q, k, v that decides the scores, for one dense (B, S, H, D) call.
+
+    window: (left, right) with causal folded in and sides >= seqlen_k already -1 (unbounded).
+    alibi_slopes: None or float32 (B, Hq). block_mask: None or bool (Hm, nq, nk), Hm in {1, Hq},
+    at block_size tokens, True = computed.
+    """
+
+    scale: float
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None
+    dropout_p: float = 0.0
+    block_mask: torch.Tensor | None = None
+    block_size: int = 0
+
+
+def _chunks(seqlen_q: int, seqlen_k: int, window: tuple[int, int]):
+    """Yield (index, rows, cols): CHUNK query rows and the key columns any of them may see."""
+    left, right = window
+    diag = seqlen_k - seqlen_q
+    for index, start in enumerate(range(0, seqlen_q, CHUNK)):
+        stop = min(start + CHUNK, seqlen_q)
+        lo = 0 if left < 0 else min(max(start + diag - left, 0), seqlen_k)
+        hi = seqlen_k if right < 0 else min(max(stop + diag + right, lo), seqlen_k)
+        yield index, slice(start, stop), slice(lo, hi)
+
+
 def _keep_probs(seed: int, chunk_index: int, shape, dropout_p: float, device) -> torch.Tensor:
-    """Bool keep-mask for one chunk, a pure function of (seed, chunk_index)."""
+    """Bool keep-mask for one chunk, a pure function of (seed, chunk_index, shape)."""
     gen = torch.Generator(device=device)
     gen.manual_seed((seed * 1_000_003 + chunk_index) % (2**63 - 1))
     return torch.rand(shape, generator=gen, device=device) >= dropout_p
 
 
-def _chunk_scores(q_chunk, k, scale, rows, seqlen_q, seqlen_k, window, block_mask, block_size):
-    """Scores (B, Hkv, G, c, Sk) in float32 with disallowed entries at -inf.
+def _chunk_allowed(opts: AttentionOptions, rows, cols, seqlen_q, seqlen_k, heads_kv, device):
+    """Bool mask broadcastable to (B, Hkv, G, r, c) for this block, or None if all is allowed."""
+    keep = None
+    if opts.window != (-1, -1):
+        keep = allowed_mask(seqlen_q, seqlen_k, opts.window, rows=rows, cols=cols, device=device)
+    if opts.block_mask is not None:
+        row_blocks = torch.arange(rows.start, rows.stop, device=device) // opts.block_size
+        col_blocks = torch.arange(cols.start, cols.stop, device=device) // opts.block_size
+        blocks = opts.block_mask[:, row_blocks][:, :, col_blocks]  # (Hm, r, c)
+        if blocks.shape[0] == 1:
+            blocks = blocks[0]
+        else:
+            blocks = blocks.view(heads_kv, -1, *blocks.shape[1:])  # (Hkv, G, r, c)
+        keep = blocks if keep is None else keep & blocks
+    return keep
 
-    block_mask: None, or bool (Hm, nq, nk) expanded here for this chunk's rows only.
-    """
-    s = torch.einsum("bhgqd,bhkd->bhgqk", q_chunk, k) * scale
-    keep = allowed_mask(seqlen_q, seqlen_k, window_size=window, device=s.device)[rows]  # (c, Sk)
-    if block_mask is not None:
-        row_blocks = torch.arange(rows.start, rows.stop, device=s.device) // block_size
-        col_blocks = torch.arange(seqlen_k, device=s.device) // block_size
-        chunk = block_mask[:, row_blocks][:, :, col_blocks]  # (Hm, c, Sk)
-        hkv, g = s.shape[1], s.shape[2]
-        keep = keep & (chunk[0] if chunk.shape[0] == 1 else chunk.view(hkv, g, *chunk.shape[1:]))
-    return s.masked_fill(~keep, float("-inf"))
+
+def _chunk_scores(qg, kf, opts: AttentionOptions, rows, cols, seqlen_q, seqlen_k):
+    """Scores (B, Hkv, G, r, c) float32 with disallowed entries at -inf, and the softcap's
+    derivative d(capped)/d(raw) for the backward (None without softcap)."""
+    s = torch.einsum("bhgqd,bhkd->bhgqk", qg[..., rows, :], kf[:, :, cols]) * opts.scale
+    cap_grad = None
+    if opts.softcap > 0.0:
+        t = torch.tanh(s / opts.softcap)
+        s = opts.softcap * t
+        cap_grad = 1.0 - t * t
+    if opts.alibi_slopes is not None:
+        b, hkv, g = s.shape[:3]
+        slopes = opts.alibi_slopes.view(b, hkv, g, 1, 1)
+        s = s - slopes * alibi_distance(seqlen_q, seqlen_k, rows=rows, cols=cols, device=s.device)
+    keep = _chunk_allowed(opts, rows, cols, seqlen_q, seqlen_k, kf.shape[1], s.device)
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    return s, cap_grad
+
+
+def _softmax(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities like s and the log-sum-exp (B, Hkv, G, r); rows that see nothing get
+    lse = -inf and probabilities 0."""
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0)[..., None]), lse
 
 
 def _split_heads(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
@@ -64,54 +124,30 @@ def _prepare(q, k, v):
     return qg, kf, vf
 
 
-def attention_forward(
-    q, k, v, *, scale, window, dropout_p=0.0, seed=0, block_mask=None, block_size=0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D) -> out like q, lse (B, Hq, Sq) float32.
-
-    window: (left, right) with causal already folded in (right = 0); -1 = unbounded.
-
-    block_mask: optional bool (Hm, nq, nk) at block_size tokens, Hm in {1, Hq}: True = computed.
-    """
-    if cpu_flash.eligible(q, k, window=window, dropout_p=dropout_p, block_mask=block_mask):
-        return cpu_flash.forward(q, k, v, scale=scale, window=window)
+def attention_forward(q, k, v, opts: AttentionOptions, seed: int = 0):
+    """q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D) -> out like q, lse (B, Hq, Sq) float32."""
+    if cpu_flash.eligible(q, k, opts):
+        return cpu_flash.forward(q, k, v, scale=opts.scale, window=opts.window)
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     qg, kf, vf = _prepare(q, k, v)
     out = torch.empty_like(qg)
     lse = torch.empty(qg.shape[:-1], dtype=torch.float32, device=q.device)  # (B, Hkv, G, Sq)
-    for index, start in enumerate(range(0, seqlen_q, CHUNK)):
-        rows = slice(start, min(start + CHUNK, seqlen_q))
-        s = _chunk_scores(
-            qg[..., rows, :], kf, scale, rows, seqlen_q, seqlen_k, window, block_mask, block_size
-        )
-        chunk_lse = torch.logsumexp(s, dim=-1)  # (B, Hkv, G, c); -inf for rows that see nothing
-        p = torch.exp(s - chunk_lse.masked_fill(chunk_lse == float("-inf"), 0.0)[..., None])
-        if dropout_p > 0.0:
-            p = p * _keep_probs(seed, index, p.shape, dropout_p, p.device) / (1.0 - dropout_p)
-        out[..., rows, :] = torch.einsum("bhgqk,bhkd->bhgqd", p, vf)
+    for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts.window):
+        s, _ = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
+        p, chunk_lse = _softmax(s)
+        if opts.dropout_p > 0.0:
+            keep = _keep_probs(seed, index, p.shape, opts.dropout_p, p.device)
+            p = p * keep / (1.0 - opts.dropout_p)
+        out[..., rows, :] = torch.einsum("bhgqk,bhkd->bhgqd", p, vf[:, :, cols])
         lse[..., rows] = chunk_lse
     batch, heads_q = q.shape[0], q.shape[2]
     return _merge_heads(out).to(q.dtype), lse.reshape(batch, heads_q, seqlen_q)
 
 
-def attention_backward(
-    dout,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    *,
-    scale,
-    window,
-    dropout_p=0.0,
-    seed=0,
-    block_mask=None,
-    block_size=0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_backward(dout, q, k, v, out, lse, opts: AttentionOptions, seed: int = 0):
     """Gradients (dq, dk, dv) by recomputing each chunk's probabilities from lse."""
-    if cpu_flash.eligible(q, k, window=window, dropout_p=dropout_p, block_mask=block_mask):
-        return cpu_flash.backward(dout, q, k, v, out, lse, scale=scale, window=window)
+    if cpu_flash.eligible(q, k, opts):
+        return cpu_flash.backward(dout, q, k, v, out, lse, scale=opts.scale, window=opts.window)
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     heads_kv = k.shape[2]
     qg, kf, vf = _prepare(q, k, v)
@@ -121,28 +157,58 @@ def attention_backward(
     dq = torch.empty_like(qg)
     dk = torch.zeros_like(kf)
     dv = torch.zeros_like(vf)
-    for index, start in enumerate(range(0, seqlen_q, CHUNK)):
-        rows = slice(start, min(start + CHUNK, seqlen_q))
-        s = _chunk_scores(
-            qg[..., rows, :], kf, scale, rows, seqlen_q, seqlen_k, window, block_mask, block_size
-        )
+    for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts.window):
+        s, cap_grad = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
         chunk_lse = lse[..., rows]
         # Rows that saw no key get +inf so their probabilities (and gradients) are exactly 0.
         chunk_lse = chunk_lse.masked_fill(chunk_lse == float("-inf"), float("inf"))
-        p = torch.exp(s - chunk_lse[..., None])  # (B, Hkv, G, c, Sk)
+        p = torch.exp(s - chunk_lse[..., None])  # (B, Hkv, G, r, c)
         do = dog[..., rows, :]
-        dp = torch.einsum("bhgqd,bhkd->bhgqk", do, vf)
-        if dropout_p > 0.0:
-            keep = _keep_probs(seed, index, p.shape, dropout_p, p.device) / (1.0 - dropout_p)
-            dv += torch.einsum("bhgqk,bhgqd->bhkd", p * keep, do)
+        dp = torch.einsum("bhgqd,bhkd->bhgqk", do, vf[:, :, cols])
+        if opts.dropout_p > 0.0:
+            keep = _keep_probs(seed, index, p.shape, opts.dropout_p, p.device)
+            keep = keep / (1.0 - opts.dropout_p)
+            dv[:, :, cols] += torch.einsum("bhgqk,bhgqd->bhkd", p * keep, do)
             dp = dp * keep
         else:
-            dv += torch.einsum("bhgqk,bhgqd->bhkd", p, do)
-        ds = p * (dp - delta[..., rows, None])
-        dq[..., rows, :] = torch.einsum("bhgqk,bhkd->bhgqd", ds, kf) * scale
-        dk += torch.einsum("bhgqk,bhgqd->bhkd", ds, qg[..., rows, :]) * scale
+            dv[:, :, cols] += torch.einsum("bhgqk,bhgqd->bhkd", p, do)
+        ds = p * (dp - delta[..., rows, None])  # gradient of the final (capped, biased) scores
+        if cap_grad is not None:
+            ds = ds * cap_grad
+        dq[..., rows, :] = torch.einsum("bhgqk,bhkd->bhgqd", ds, kf[:, :, cols]) * opts.scale
+        dk[:, :, cols] += torch.einsum("bhgqk,bhgqd->bhkd", ds, qg[..., rows, :]) * opts.scale
     return (
         _merge_heads(dq).to(q.dtype),
         dk.transpose(1, 2).to(k.dtype),
         dv.transpose(1, 2).to(v.dtype),
     )
+
+
+def dropout_keep_mask(opts: AttentionOptions, seed: int, q_shape, k_shape, device):
+    """Bool (B, Hq, Sq, Sk): the keep-mask this path's dropout uses for a call with these shapes.
+
+    Keys outside every chunk's window band are never drawn and read as kept (they are masked).
+    """
+    batch, seqlen_q, heads_q, _ = q_shape
+    seqlen_k, heads_kv = k_shape[1], k_shape[2]
+    group = heads_q // heads_kv
+    mask = torch.ones(batch, heads_kv, group, seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts.window):
+        shape = (batch, heads_kv, group, rows.stop - rows.start, cols.stop - cols.start)
+        mask[..., rows, cols] = _keep_probs(seed, index, shape, opts.dropout_p, device)
+    return mask.view(batch, heads_q, seqlen_q, seqlen_k)
+
+
+def attention_probs(q, k, opts: AttentionOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probs, allowed), both (B, Hq, Sq, Sk): the softmax probabilities before dropout (float32)
+    and where attention is allowed at all. For return_attn_probs, so small sizes only."""
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    qg, kf, _ = _prepare(q, k, k)
+    probs = torch.zeros(*qg.shape[:-1], seqlen_k, dtype=torch.float32, device=q.device)
+    allowed = torch.zeros(probs.shape, dtype=torch.bool, device=q.device)
+    for _, rows, cols in _chunks(seqlen_q, seqlen_k, opts.window):
+        s, _ = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
+        probs[..., rows, cols] = _softmax(s)[0]
+        allowed[..., rows, cols] = s > float("-inf")
+    shape = (q.shape[0], q.shape[2], seqlen_q, seqlen_k)
+    return probs.view(shape), allowed.view(shape)

@@ -3,6 +3,9 @@ what is wrong and what is allowed, before any kernel sees it."""
 
 from __future__ import annotations
 
+import math
+import os
+
 import torch
 
 MAX_HEAD_DIM = 256
@@ -36,9 +39,9 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool
     head_dim = q.shape[-1]
     if k.shape[-1] != head_dim:
         raise ValueError(f"head_dim of q ({head_dim}) and k/v ({k.shape[-1]}) differ")
-    if head_dim > MAX_HEAD_DIM or head_dim % 8 != 0 or head_dim == 0:
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
-            f"head_dim={head_dim} is not supported: it must be a multiple of 8 between 8 and {MAX_HEAD_DIM}"
+            f"head_dim={head_dim} is not supported: it must be between 1 and {MAX_HEAD_DIM}"
         )
     heads_q, heads_kv = q.shape[-2], k.shape[-2]
     if heads_kv == 0 or heads_q % heads_kv != 0:
@@ -57,6 +60,30 @@ def check_dropout(dropout_p: float) -> None:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
+def check_softcap(softcap: float) -> None:
+    if not (math.isfinite(float(softcap)) and float(softcap) >= 0.0):
+        raise ValueError(f"softcap must be a finite number >= 0 (0 = off), got {softcap}")
+
+
+def check_alibi_slopes(alibi_slopes, batch: int, heads_q: int, device) -> torch.Tensor | None:
+    """None, or float32 (Hq,) / (B, Hq) on q's device -> contiguous float32 (B, Hq)."""
+    if alibi_slopes is None:
+        return None
+    allowed = f"a float32 tensor of shape ({heads_q},) or ({batch}, {heads_q}) (heads_q or batch, heads_q)"
+    if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
+        got = (
+            alibi_slopes.dtype
+            if isinstance(alibi_slopes, torch.Tensor)
+            else type(alibi_slopes).__name__
+        )
+        raise ValueError(f"alibi_slopes must be {allowed}, got {got}")
+    if tuple(alibi_slopes.shape) not in ((heads_q,), (batch, heads_q)):
+        raise ValueError(f"alibi_slopes must be {allowed}, got shape {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != device:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {device}")
+    return alibi_slopes.expand(batch, heads_q).contiguous()
+
+
 def check_window(window_size) -> tuple[int, int]:
     try:
         left, right = (int(x) for x in window_size)
@@ -71,10 +98,18 @@ def check_window(window_size) -> tuple[int, int]:
     return left, right
 
 
+def values_checked(device: torch.device) -> bool:
+    """Whether checks that read tensor values run: on CPU tensors, or anywhere with
+    FLASHTRAIN_CHECK_INPUTS=1 (on a GPU they cost a host sync per call); never while compiling."""
+    if torch.compiler.is_compiling():
+        return False
+    return device.type == "cpu" or os.environ.get("FLASHTRAIN_CHECK_INPUTS", "0") == "1"
+
+
 def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
     """Prefix sums: int32, 1-D, same length, start at 0, non-decreasing, end at total, and the
     declared maxima cover every sequence (the kernels size their grid from them).
-    The value checks read the tensors (one host sync), so compiled graphs skip them."""
+    The value checks read the tensors, so they run only where values_checked says."""
     for name, cu, total, max_len in (
         ("cu_seqlens_q", cu_q, q.shape[0], max_seqlen_q),
         ("cu_seqlens_k", cu_k, k.shape[0], max_seqlen_k),
@@ -90,8 +125,8 @@ def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
             raise ValueError(f"{name} needs at least 2 entries (batch + 1), got {cu.numel()}")
         if cu.device != q.device:
             raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
-        if torch.compiler.is_compiling():
-            continue  # values are data-dependent under torch.compile: checked in eager runs only
+        if not values_checked(cu.device):
+            continue
         values = cu.cpu()
         if int(values[0]) != 0:
             raise ValueError(f"{name}[0] must be 0, got {int(values[0])}")

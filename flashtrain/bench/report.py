@@ -59,8 +59,10 @@ def markdown_table(rows: list[dict], env: dict, title: str, value="tflops", unit
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], path: Path, value: str, ylabel: str, mode: str) -> None:
-    """One panel per (head_dim, causal): value vs seqlen, a line per method."""
+def plot(
+    rows: list[dict], path: Path, value: str, ylabel: str, mode: str, log_y: bool = False
+) -> None:
+    """One panel per (head_dim, causal): value vs seqlen, a line per method (log_y: log y axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,6 +81,8 @@ def plot(rows: list[dict], path: Path, value: str, ylabel: str, mode: str) -> No
                 *zip(*pts), marker="o", label=method, linewidth=2.5 if method == "flashtrain" else 1
             )
         ax.set_xscale("log", base=2)
+        if log_y:
+            ax.set_yscale("log")
         ax.set_title(f"d={head_dim}, {'causal' if causal else 'non-causal'}, {mode}")
         ax.set_xlabel("sequence length")
         ax.set_ylabel(ylabel)

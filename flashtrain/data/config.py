@@ -74,6 +74,8 @@ class CorpusConfig(CachedDataConfig):
     lowercase: bool = True  # wordpiece
     vocab_size: int = 258  # the tokenizer's id count (byte: 256 bytes + <eos> + <pad>)
     num_proc: int | None = None  # tokenization processes
+    # Token-cache body checksum on open: None = when the cache is <= 1 GiB, True = always, False = never.
+    verify_cache: bool | None = None
 
     def __post_init__(self):
         check_choice(self.tokenizer, TOKENIZER_KINDS, "data.tokenizer")

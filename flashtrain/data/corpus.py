@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from flashtrain.data.config import CorpusConfig, cache_root
-from flashtrain.data.files import describe_missing, exclusive_lock
+from flashtrain.data.files import describe_missing, exclusive_lock, remove_stale_temporaries
 from flashtrain.data.token_cache import VERSION, open_token_file, write_token_file
 from flashtrain.data.tokenization import Tokenizer
 
@@ -197,9 +197,12 @@ def prepare_corpus(
         raise ValueError(f"tokenizer '{tokenizer.name}' has no EOS token; set data.eos_policy=none")
     paths = {split: directory / f"{split}.bin" for split in SPLITS}
     with exclusive_lock(directory.parent, f".{directory.name}.lock"):
+        for p in paths.values():
+            remove_stale_temporaries(p)
         if all(p.exists() for p in paths.values()):
             for p in paths.values():  # refuse rather than silently rebuild a damaged cache
-                open_token_file(p, tokenizer=tokenizer.name, eos_policy=eos_policy)
+                # (header and size here; open_corpus checks the body next)
+                open_token_file(p, tokenizer=tokenizer.name, eos_policy=eos_policy, verify=False)
             return paths
         directory.mkdir(parents=True, exist_ok=True)
         spec = source_spec(cfg, tokenizer, eos_policy)
@@ -230,10 +233,18 @@ def prepare_corpus(
 
 
 def open_corpus(cfg: CorpusConfig, tokenizer: Tokenizer, *, eos_policy: str, progress: bool = True):
-    """{split: TokenFile}, preparing the cache first if needed."""
+    """{split: TokenFile}, preparing the cache first if needed; `verify_cache` (None: by size,
+    True, False) says when the files' checksums are checked (token_cache.open_token_file)."""
     paths = prepare_corpus(cfg, tokenizer, eos_policy=eos_policy, progress=progress)
+    rebuild = f"python scripts/prepare_data.py {cfg.name} (same overrides)"
     return {
-        s: open_token_file(p, tokenizer=tokenizer.name, eos_policy=eos_policy)
+        s: open_token_file(
+            p,
+            tokenizer=tokenizer.name,
+            eos_policy=eos_policy,
+            verify=cfg.verify_cache,
+            rebuild=rebuild,
+        )
         for s, p in paths.items()
     }
 

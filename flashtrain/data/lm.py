@@ -31,15 +31,22 @@ def gather_windows(tokens: np.ndarray, starts: np.ndarray, window: int) -> np.nd
 
 
 def fixed_windows(
-    tokens, window: int, micro_batch_size: int, rank: int, world_size: int, max_batches: int | None
+    tokens,
+    window: int,
+    micro_batch_size: int,
+    rank: int,
+    world_size: int,
+    max_batches: int | None,
+    check_ids=lambda rows: rows,
 ) -> EvalBatches:
     """Finite, re-iterable LM batches over the disjoint windows from the start of `tokens`,
-    dealt to ranks (same count each); max_batches caps the batches per rank."""
+    dealt to ranks (same count each); max_batches caps the batches per rank; check_ids(rows)
+    vets each batch's ids (TokenFile.check_ids)."""
     mine = eval_items(
         len(tokens) // window, rank, world_size, f"validation ({window}-token windows)"
     )
     return EvalBatches(
-        lambda items: lm_batch(gather_windows(tokens, items * window, window)),
+        lambda items: lm_batch(check_ids(gather_windows(tokens, items * window, window))),
         mine,
         micro_batch_size,
         max_batches,
@@ -93,7 +100,8 @@ class TokenCacheLM(SampledDataModule):
     def make_batch(self, epochs, items):
         shifts = np.array([self.shift(int(e)) for e in epochs], dtype=np.int64)
         starts = shifts + items * self.window
-        return lm_batch(gather_windows(self.train_tokens, starts, self.window))
+        rows = gather_windows(self.train_tokens, starts, self.window)
+        return lm_batch(self.splits["train"].check_ids(rows))
 
     def val_batches(self):
         return fixed_windows(
@@ -103,4 +111,5 @@ class TokenCacheLM(SampledDataModule):
             self.rank,
             self.world_size,
             self.eval_batches,
+            self.splits["validation"].check_ids,
         )

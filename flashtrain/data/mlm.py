@@ -106,7 +106,8 @@ class MaskedLM(SampledDataModule):
         start, length = (int(a[piece]) for a in self.pieces[split])
         if shorten and length > 2 and rng.random() < self.short_seq_prob:
             length = int(rng.integers(2, length + 1))
-        tokens = np.asarray(self.splits[split].tokens[start : start + length], dtype=np.int64)
+        piece = self.splits[split].check_ids(self.splits[split].tokens[start : start + length])
+        tokens = np.asarray(piece, dtype=np.int64)
         cut = int(rng.integers(1, length))
         t = self.tok
         ids = np.full(self.seq_len, t.pad_id, dtype=np.int64)

@@ -9,9 +9,10 @@ Two disc markers are drawn: label 1 ("same") puts them on both ends of one targe
 distance), so the distance between the markers does not give the label away.
 
 Each image is drawn from its own random stream (seed, resolution, contour length, index), so the
-output depends neither on the number of worker processes nor on `num` (a prefix is stable).
-Images are made in parallel across processes; inside one image every growth step is vectorised
-over all candidate turns and all paddles already placed.
+output depends neither on the number of worker processes nor on `num` (a prefix is stable), nor on
+which chunks of images are made in which run (pathfinder_cache.py resumes an interrupted
+generation from its finished chunks). Images are made in parallel across processes; inside one
+image every growth step is vectorised over all candidate turns and all paddles already placed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
+import signal
+import threading
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -304,12 +307,36 @@ def balanced_labels(start: int, stop: int, resolution: int, contour_length: int,
     return ((index + np.asarray(flips, dtype=np.int64)) % 2).astype(np.int64)
 
 
+class GenerationStopped(Exception):
+    """A worker's chunk abandoned because the parent is stopping (its result is not wanted)."""
+
+
+_stop_requested = None  # in a worker process: the parent's stop event (see run_chunks)
+
+
+def _init_worker(stop) -> None:
+    global _stop_requested
+    _stop_requested = stop
+    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:  # a parent killed outright (kill -9) cannot stop us: follow it
+        threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent) -> None:
+    parent.join()
+    os._exit(1)
+
+
 def _generate_range(task):
     start, stop, resolution, contour_length, seed, keep_records = task
     labels = balanced_labels(start, stop, resolution, contour_length, seed)
     images = np.empty((stop - start, resolution, resolution), dtype=np.uint8)
     records = []
     for offset, label in enumerate(labels):
+        if _stop_requested is not None and _stop_requested.is_set():
+            raise GenerationStopped
         images[offset], record = make_image(
             start + offset, resolution, contour_length, seed, int(label)
         )
@@ -323,6 +350,50 @@ def _default_workers() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def chunk_tasks(
+    ranges, resolution: int, contour_length: int, seed: int, keep_records: bool = False
+) -> list[tuple]:
+    """Work items for run_chunks: one per (start, stop) range of image indices."""
+    settings_for(resolution)
+    if contour_length < 2:
+        raise ValueError(f"contour_length must be >= 2 paddles (LRA uses {CONTOUR_LENGTHS})")
+    return [(lo, hi, resolution, contour_length, seed, keep_records) for lo, hi in ranges]
+
+
+def run_chunks(tasks: list[tuple], num_workers: int | None, store) -> None:
+    """Generate every task, calling store((start, images, labels, records)) in this process as
+    each one finishes (in completion order; results are placed by index, so the order does not
+    matter).
+
+    No worker outlives the call. On any exception or interrupt (KeyboardInterrupt, a SystemExit
+    raised by a signal handler, an error in `store`, a worker that died: BrokenProcessPool) the
+    workers are told to stop, abandon their chunk before its next image, and are joined, so the
+    call returns within about one image's time and no semaphore leaks.
+    """
+    workers = max(1, num_workers if num_workers is not None else _default_workers())
+    workers = min(workers, len(tasks))
+    if workers <= 1:
+        for task in tasks:
+            store(_generate_range(task))
+        return
+    # forkserver: workers start clean (no inherited threads or torch state) yet cheaply.
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
+    stop = context.Event()
+    executor = ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(stop,)
+    )
+    try:
+        futures = [executor.submit(_generate_range, task) for task in tasks]
+        for future in as_completed(futures):
+            store(future.result())
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
 
 
 def generate_pathfinder_into(
@@ -341,39 +412,28 @@ def generate_pathfinder_into(
     from tqdm.auto import tqdm
 
     num = len(images_out)
-    settings_for(resolution)
-    if contour_length < 2:
-        raise ValueError(f"contour_length must be >= 2 paddles (LRA uses {CONTOUR_LENGTHS})")
-    workers = max(1, num_workers if num_workers is not None else _default_workers())
     keep = records_out is not None
-    tasks = [
-        (lo, min(lo + chunk_size, num), resolution, contour_length, seed, keep)
-        for lo in range(0, num, chunk_size)
-    ]
+    ranges = [(lo, min(lo + chunk_size, num)) for lo in range(0, num, chunk_size)]
+    tasks = chunk_tasks(ranges, resolution, contour_length, seed, keep)
     bar = tqdm(
         total=num, desc=f"pathfinder {resolution}x{resolution}", unit="img", disable=not progress
     )
+    records_by_start = {}
 
     def store(result):
         start, images, labels, records = result
         images_out[start : start + len(images)] = images
         labels_out[start : start + len(labels)] = labels
-        if keep:
-            records_out.extend(records)
+        records_by_start[start] = records
         bar.update(len(images))
 
-    if workers == 1 or len(tasks) == 1:
-        for task in tasks:
-            store(_generate_range(task))
-    else:
-        # forkserver: workers start clean (no inherited threads or torch state) yet cheaply.
-        method = (
-            "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-        )
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
-            for result in pool.map(_generate_range, tasks):
-                store(result)
-    bar.close()
+    try:
+        run_chunks(tasks, num_workers, store)
+    finally:
+        bar.close()
+    if keep:
+        for start in sorted(records_by_start):
+            records_out.extend(records_by_start[start])
 
 
 def generate_pathfinder(

@@ -1,109 +1,22 @@
-"""Pathfinder as a cached `datasets.DatasetDict` and as a classification DataModule.
+"""Pathfinder as a `datasets.DatasetDict` and as a classification DataModule.
 
-The generated images are cached once per (resolution, contour length, count, seed, generator
-version) as images.npy (uint8 (N, R, R)), labels.npy (int64 (N,)) and meta.json in a directory
-written under a temporary name and renamed when complete. The DatasetDict wraps the memory-mapped
-arrays without copying: train / validation / test = the first 80%, next 10%, last 10% (even
+The images come from the cache on disk (pathfinder_cache.py: generated once, resumable). The
+DatasetDict wraps the memory-mapped arrays without copying: train / validation / test = the first 80%, next 10%, last 10% (even
 sizes, and since consecutive image pairs hold one label each, every split is exactly balanced).
 Batches: input_ids = the R * R pixel intensities (0..255) in row-major order, labels 0/1.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from flashtrain.data.config import PathfinderConfig, cache_root
-from flashtrain.data.files import atomic_path, exclusive_lock
 from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
-from flashtrain.data.pathfinder import GENERATOR_VERSION, generate_pathfinder_into, settings_for
+from flashtrain.data.pathfinder_cache import load_or_generate, pathfinder_cache_dir
 from flashtrain.data.sampling import EpochSampler
 
 CLASS_NAMES = ["different", "same"]
-
-
-def pathfinder_cache_dir(
-    root: Path, resolution: int, contour_length: int, num: int, seed: int
-) -> Path:
-    name = f"pathfinder{resolution}-len{contour_length}-n{num}-seed{seed}-v{GENERATOR_VERSION}"
-    return Path(root) / "pathfinder" / name
-
-
-def _meta(resolution, contour_length, num, seed) -> dict:
-    return {
-        "resolution": resolution,
-        "contour_length": contour_length,
-        "num": num,
-        "seed": seed,
-        "generator_version": GENERATOR_VERSION,
-    }
-
-
-def load_or_generate(
-    root: Path,
-    resolution: int,
-    contour_length: int,
-    num: int,
-    seed: int,
-    *,
-    num_workers: int | None = None,
-    progress: bool = True,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Memory-mapped (images (N, R, R) uint8, labels (N,) int64), generated on the first call."""
-    settings_for(resolution)
-    directory = pathfinder_cache_dir(root, resolution, contour_length, num, seed)
-    meta = _meta(resolution, contour_length, num, seed)
-    with exclusive_lock(directory.parent, f".{directory.name}.lock"):
-        if not directory.exists():
-            with atomic_path(directory) as tmp:
-                tmp.mkdir()
-                images = np.lib.format.open_memmap(
-                    tmp / "images.npy",
-                    mode="w+",
-                    dtype=np.uint8,
-                    shape=(num, resolution, resolution),
-                )
-                labels = np.lib.format.open_memmap(
-                    tmp / "labels.npy", mode="w+", dtype=np.int64, shape=(num,)
-                )
-                generate_pathfinder_into(
-                    images,
-                    labels,
-                    resolution,
-                    contour_length,
-                    seed,
-                    num_workers=num_workers,
-                    progress=progress,
-                )
-                images.flush()
-                labels.flush()
-                del images, labels
-                (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    return _open_cache(directory, meta)
-
-
-def _open_cache(directory: Path, meta: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Open a cache directory, refusing one whose metadata or array shapes do not match."""
-    try:
-        found = json.loads((directory / "meta.json").read_text())
-        images = np.load(directory / "images.npy", mmap_mode="r")
-        labels = np.load(directory / "labels.npy", mmap_mode="r")
-    except (OSError, ValueError) as error:  # missing, truncated or not .npy
-        raise ValueError(f"pathfinder cache {directory} is damaged ({error}); delete it") from error
-    size = meta["resolution"]
-    if (
-        found != meta
-        or images.shape != (meta["num"], size, size)
-        or images.dtype != np.uint8
-        or labels.shape != (meta["num"],)
-    ):
-        raise ValueError(
-            f"pathfinder cache {directory} does not hold what its name says; delete it"
-        )
-    return images, labels
 
 
 def split_ranges(num: int) -> dict[str, tuple[int, int]]:

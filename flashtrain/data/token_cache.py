@@ -6,18 +6,28 @@ Layout (little-endian):
     bytes 8..11      header length n (uint32)
     bytes 12..15     CRC-32 of the header bytes (uint32)
     bytes 16..16+n   header: UTF-8 JSON (version, dtype, num_tokens, num_docs, tokenizer,
-                     vocab_size, eos_policy, eos_id, source), zero-padded up to HEADER_BYTES
+                     vocab_size, eos_policy, eos_id, source, body_sha256), zero-padded up to
+                     HEADER_BYTES
     HEADER_BYTES..   tokens: num_tokens x uint16 (uint32 when the vocabulary needs it)
     then             document starts: (num_docs + 1) x uint64, the last one == num_tokens
 
-A file whose magic, version, CRC, size, tokenizer or EOS policy is not what the reader expects
-is refused with an error saying why and what to do; nothing is read from it silently.
-Files are written to a temporary name and renamed when complete.
+body_sha256 is the SHA-256 of everything after the header, hashed while it is written. Opening a
+cache checks it when the body is at most VERIFY_LIMIT_BYTES (always with verify=True, never with
+verify=False). Caches written before the checksum existed (same version, no body_sha256) are
+accepted with a note: rebuilding a corpus takes hours and their headers and sizes are still
+checked; verify=True refuses them, naming the command that rebuilds them. Every batch's ids are
+checked against the vocabulary too (TokenFile.check_ids), so a damaged body that was not hashed
+still stops the run with the file named, never an IndexError in the embedding.
+
+A file whose magic, version, CRC, size, checksum, tokenizer or EOS policy is not what the reader
+expects is refused with an error saying why and what to do; nothing is read from it silently.
+Files are written to a temporary name, fsynced and renamed when complete.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import struct
 import zlib
 from dataclasses import dataclass
@@ -26,12 +36,21 @@ from pathlib import Path
 import numpy as np
 
 from flashtrain.data.files import atomic_path
+from flashtrain.file_integrity import hash_file, new_hash
+
+log = logging.getLogger("flashtrain.data")
 
 MAGIC = b"FLTOKENS"
 VERSION = 1
 HEADER_BYTES = 4096
 EOS_POLICIES = ("append", "none")  # an EOS token after every document, or nothing between them
 _PREFIX = struct.Struct("<8sII")
+# Bodies up to this size are hashed whenever a cache is opened: about a second at SHA-256's
+# 1 GB/s on one core, small next to building the model. Corpora beyond it (OpenWebText's train
+# split is 18 GB: 20 s per rank) are hashed on request (data.verify_cache=true); their batches
+# are still range-checked.
+VERIFY_LIMIT_BYTES = 1 << 30
+REBUILD = "python scripts/prepare_data.py <data config>"  # the generic rebuild command
 
 
 class TokenCacheError(ValueError):
@@ -54,6 +73,7 @@ class TokenFile:
     header: dict
     tokens: np.ndarray  # (num_tokens,) uint16 / uint32
     doc_starts: np.ndarray  # (num_docs + 1,) uint64
+    rebuild: str = REBUILD  # the command that rebuilds this cache, for error messages
 
     @property
     def num_tokens(self) -> int:
@@ -62,6 +82,19 @@ class TokenFile:
     @property
     def num_docs(self) -> int:
         return int(self.header["num_docs"])
+
+    def check_ids(self, ids: np.ndarray) -> np.ndarray:
+        """ids (any shape) read from this cache, refused when one lies outside its vocabulary
+        (a damaged file) before it reaches the model. A max/min over the batch: cheap."""
+        vocab = int(self.header["vocab_size"])
+        if ids.size and (int(ids.max()) >= vocab or int(ids.min()) < 0):
+            bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
+            raise TokenCacheError(
+                f"token cache {self.path} holds token id {bad}, outside the {vocab} ids of "
+                f"tokenizer '{self.header['tokenizer']}': the file is damaged. Delete it and "
+                f"rebuild it: {self.rebuild}"
+            )
+        return ids
 
 
 def _expected_size(header: dict) -> int:
@@ -104,21 +137,17 @@ def write_token_file(
         "eos_id": eos_id,
         "source": source,
     }
-    blob = json.dumps(header, sort_keys=True).encode("utf-8")
-    if _PREFIX.size + len(blob) > HEADER_BYTES:
-        raise ValueError(f"token cache header too long ({len(blob)} bytes); shorten `source`")
+    _encode_header({**header, "body_sha256": "0" * 64})  # too long? say so before any work
     path = Path(path)
     with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(_PREFIX.pack(MAGIC, len(blob), zlib.crc32(blob)))
-            f.write(blob.ljust(HEADER_BYTES - _PREFIX.size, b"\0"))
-            f.truncate(_expected_size(header))
-        # Only the document index is built in memory; tokens go straight to the file.
+        # Only the document index is built in memory; tokens go straight to the file, and every
+        # body byte through the hash on its way there.
         starts = np.empty(num_docs + 1, dtype=np.uint64)
+        body = new_hash()
         position, doc = 0, 0
         bar = tqdm(total=num_tokens, desc=f"writing {path.name}", unit="tok", disable=not progress)
-        with open(tmp, "r+b") as f:
-            f.seek(HEADER_BYTES)
+        with open(tmp, "wb") as f:
+            f.seek(HEADER_BYTES)  # the header, which holds the body's checksum, comes last
             for ids, lengths in chunks:
                 ids = np.asarray(ids)
                 lengths = np.asarray(lengths, dtype=np.int64)
@@ -129,7 +158,9 @@ def write_token_file(
                 if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
                     raise ValueError(f"token id outside [0, {vocab_size}) near document {doc}")
                 starts[doc : doc + len(lengths)] = position + np.cumsum(lengths) - lengths
-                f.write(ids.astype(dtype, copy=False).tobytes())
+                data = ids.astype(dtype, copy=False).tobytes()
+                f.write(data)
+                body.update(data)
                 position += len(ids)
                 doc += len(lengths)
                 bar.update(len(ids))
@@ -140,8 +171,21 @@ def write_token_file(
                     f"{num_tokens} in {num_docs}"
                 )
             starts[num_docs] = num_tokens
-            f.write(starts.astype("<u8").tobytes())
+            data = starts.astype("<u8").tobytes()
+            f.write(data)
+            body.update(data)
+            f.seek(0)
+            f.write(_encode_header({**header, "body_sha256": body.hexdigest()}))
     return path
+
+
+def _encode_header(header: dict) -> bytes:
+    """The HEADER_BYTES that start a cache file: magic, length, CRC, JSON, zero padding."""
+    blob = json.dumps(header, sort_keys=True).encode("utf-8")
+    if _PREFIX.size + len(blob) > HEADER_BYTES:
+        raise ValueError(f"token cache header too long ({len(blob)} bytes); shorten `source`")
+    prefix = _PREFIX.pack(MAGIC, len(blob), zlib.crc32(blob))
+    return prefix + blob.ljust(HEADER_BYTES - _PREFIX.size, b"\0")
 
 
 def read_header(path: Path) -> dict:
@@ -182,9 +226,22 @@ def read_header(path: Path) -> dict:
 
 
 def open_token_file(
-    path: Path, *, tokenizer: str | None = None, eos_policy: str | None = None
+    path: Path,
+    *,
+    tokenizer: str | None = None,
+    eos_policy: str | None = None,
+    verify: bool | None = None,
+    rebuild: str = REBUILD,
 ) -> TokenFile:
-    """Open and verify a cache file; tokenizer / eos_policy, when given, must match the header."""
+    """Open and verify a cache file; tokenizer / eos_policy, when given, must match the header.
+
+    verify: None checks the body's checksum when the body is at most VERIFY_LIMIT_BYTES, True
+    always (and refuses a cache without one), False never. rebuild: the command that rebuilds
+    this cache, named in errors.
+    """
+    if verify not in (None, True, False):
+        raise ValueError(f"data.verify_cache must be true, false or null (by size), got {verify!r}")
+    path = Path(path)
     header = read_header(path)
     for key, wanted in (("tokenizer", tokenizer), ("eos_policy", eos_policy)):
         if wanted is not None and header[key] != wanted:
@@ -192,6 +249,7 @@ def open_token_file(
                 f"{path} was made with {key}='{header[key]}' but the config asks for '{wanted}'; "
                 "use another data.cache_dir or delete the cache to rebuild it"
             )
+    _check_body(path, header, verify, rebuild)
     dtype = np.dtype(header["dtype"])
     n_tok, n_doc = header["num_tokens"], header["num_docs"]
     # np.memmap cannot map zero bytes; an empty split gets an empty array.
@@ -209,4 +267,32 @@ def open_token_file(
     )
     if int(starts[-1]) != n_tok:
         raise TokenCacheError(f"{path}: document index does not end at the token count; rebuild it")
-    return TokenFile(Path(path), header, tokens, starts)
+    return TokenFile(path, header, tokens, starts, rebuild)
+
+
+def _check_body(path: Path, header: dict, verify: bool | None, rebuild: str) -> None:
+    """The body against header['body_sha256'], as `verify` asks (see open_token_file)."""
+    expected = header.get("body_sha256")
+    if verify is False:
+        return
+    if expected is None:
+        if verify:
+            raise TokenCacheError(
+                f"token cache {path} was written before caches kept a checksum, so "
+                f"data.verify_cache=true cannot check it; delete it and rebuild it: {rebuild}"
+            )
+        log.info(
+            "token cache %s has no checksum (written by an older version): opened unverified; "
+            "delete it and rebuild it (%s) to have one",
+            path,
+            rebuild,
+        )
+        return
+    if verify is None and _expected_size(header) - HEADER_BYTES > VERIFY_LIMIT_BYTES:
+        return
+    digest, _ = hash_file(path, HEADER_BYTES)
+    if digest != expected:
+        raise TokenCacheError(
+            f"token cache {path} is damaged: its body does not match the checksum written with "
+            f"it; delete it and rebuild it: {rebuild}"
+        )

@@ -148,7 +148,7 @@ class FlashAttention(Attention):
     def padded_context(self, x, mask, **ctx_kwargs):
         """The real tokens packed once as (N, C) for the varlen kernel: no compute on padding."""
         batch, seqlen = mask.shape
-        packed, indices, cu_seqlens, max_seqlen = unpad_input(x, mask)  # (N, C)
+        packed, indices, cu_seqlens, max_seqlen, _ = unpad_input(x, mask)  # (N, C)
         ctx = AttentionContext(cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen), **ctx_kwargs)
         return packed, ctx, lambda y: pad_input(y, indices, batch, seqlen)
 
@@ -162,7 +162,7 @@ class FlashAttention(Attention):
         if ctx.key_padding_mask is not None:  # a padded (B, T, H, D) call: pack, attend, unpack
             batch, seqlen = q.shape[:2]
             qkv = torch.stack((q, k, v), dim=2)  # (B, T, 3, H, D)
-            packed, indices, cu, s = unpad_input(qkv, ctx.key_padding_mask)  # (N, 3, H, D)
+            packed, indices, cu, s, _ = unpad_input(qkv, ctx.key_padding_mask)  # (N, 3, H, D)
             qp, kp, vp = packed.unbind(1)  # (N, H, D) each
             out = flash_attn_varlen_func(
                 qp, kp, vp, cu, cu, s, s, causal=ctx.causal, dropout_p=dropout_p

@@ -107,6 +107,11 @@ class Bert(TransformerModel):
         weight = self.word_embeddings.weight[: cfg.vocab_size]  # tied decoder (V, C)
         bias = self.mlm_bias[: cfg.vocab_size]
         loss, num, hits = token_loss(
-            h, labels.reshape(-1)[keep], weight, bias, chunk_size=cfg.loss_chunk_size
+            h,
+            labels.reshape(-1)[keep],
+            weight,
+            bias,
+            impl=cfg.loss_impl,
+            chunk_size=cfg.loss_chunk_size,
         )
         return ModelOutput(loss=loss, num_targets=num, correct=hits)

@@ -15,6 +15,9 @@ from typing import Any
 
 from flashtrain.typed_config import check_choice, typed_group
 
+# the LM head's loss implementations (flashtrain.models.loss): auto = fused on CUDA, chunked elsewhere
+LOSS_IMPLS = ("auto", "fused", "chunked")
+
 RECOMPUTE_MODES = ("none", "all", "every_k")
 ACTIVATIONS = ("gelu", "gelu_tanh")
 POSITION_RESIZE_MODES = ("interpolate", "copy")
@@ -90,11 +93,13 @@ class GPT2Config(TransformerConfig):
     arch: str = "gpt2"
     position: str = "learned"  # learned | rotary
     rotary_base: float = 10000.0
-    loss_chunk_size: int = 2048  # tokens per chunk of the output head + cross-entropy
+    loss_impl: str = "auto"  # fused (Triton) | chunked (PyTorch) | auto: fused on CUDA
+    loss_chunk_size: int = 2048  # tokens per chunk of the chunked head + cross-entropy
 
     def __post_init__(self):
         super().__post_init__()
         check_choice(self.position, ("learned", "rotary"), "model.position")
+        check_choice(self.loss_impl, LOSS_IMPLS, "model.loss_impl")
         if self.position == "rotary" and self.head_dim % 2:
             raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
 
@@ -117,11 +122,13 @@ class BertConfig(TransformerConfig):
     activation: str = "gelu"
     head: str = "mlm"  # mlm | classification (pooler + linear on [CLS])
     num_classes: int | None = None  # classification head only
+    loss_impl: str = "auto"  # the MLM head's loss, as GPT2Config.loss_impl
     loss_chunk_size: int = 2048
 
     def __post_init__(self):
         super().__post_init__()
         check_choice(self.head, BERT_HEADS, "model.head")
+        check_choice(self.loss_impl, LOSS_IMPLS, "model.loss_impl")
         if self.head == "classification" and (self.num_classes is None or self.num_classes < 2):
             raise ValueError(
                 f"model.head=classification needs model.num_classes >= 2, got {self.num_classes!r}"

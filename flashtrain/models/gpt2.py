@@ -85,8 +85,14 @@ class GPT2(TransformerModel):
                 f"labels {tuple(labels.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
             )
         h = self.hidden_states(input_ids)  # (B, T, C)
+        cfg = self.config
         loss, num, _ = token_loss(
-            h, labels, self.output_weight(), chunk_size=self.config.loss_chunk_size
+            h,
+            labels,
+            self.output_weight(),
+            impl=cfg.loss_impl,
+            chunk_size=cfg.loss_chunk_size,
+            compute_hits=False,  # no accuracy for a language model: skip the argmax
         )
         return ModelOutput(loss=loss, num_targets=num)
 

@@ -1,17 +1,38 @@
-"""Cross-entropy of a linear output head, computed in chunks of tokens.
+"""The losses the models return: LM-head cross-entropy (fused or chunked) and classification.
 
-An LM head over a long sequence must never hold the (tokens, vocab) float32 logits at once: GPT-2
-small at 16K tokens would need 16384 * 50257 * 4 B = 3.3 GB for them, more than twice for softmax
-and gradient. `linear_cross_entropy` walks the tokens in chunks; for each chunk it computes the
-logits, the loss, the argmax hits and, when a backward will follow, the gradients of the summed loss
-with respect to the hidden states and the head's weight right away (softmax - one_hot), so nothing
-of size (tokens, vocab) outlives its chunk and the backward pass only rescales the saved gradients.
-Peak extra memory: about 2 * chunk_size * vocab * 4 bytes plus one weight-sized float32 gradient.
+`linear_cross_entropy` / `token_loss` never hold the (tokens, vocab) logits at once. Two
+implementations with the same semantics, chosen by `impl`:
+  "fused"   the Triton kernels (flashtrain/models/fused_cross_entropy.py): logits exist only as
+            tiles on chip, the backward recomputes them from the saved log-sum-exp (N,) float32.
+            On a CPU without TRITON_INTERPRET=1 the chunked path stands in.
+  "chunked" PyTorch in chunks of `chunk_size` tokens (flashtrain/models/chunked_cross_entropy.py),
+            the reference: logits of one chunk at a time, gradients computed in the forward.
+  "auto"    fused on CUDA, chunked on CPU (the rule behind `model.loss_impl`).
+Per counted token (label != ignore_index), with lse = logsumexp(logits):
+    loss = lse - (1 - label_smoothing) * logit[label] - label_smoothing * mean(logits)
+           + z_loss * lse**2
+(torch's label smoothing; z_loss * lse**2 is PaLM's z-loss, keeping log Z near 0; both 0 by
+default). Argmax hits are computed only when asked (compute_hits), for evaluation.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from flashtrain.models.chunked_cross_entropy import LossOptions, chunked_linear_cross_entropy
+from flashtrain.models.config import LOSS_IMPLS
+from flashtrain.models.fused_cross_entropy import fused_linear_cross_entropy
+
+
+def resolve_loss_impl(impl: str, device: torch.device) -> str:
+    """The implementation that runs: auto is fused on CUDA, chunked elsewhere."""
+    if impl not in LOSS_IMPLS:
+        raise ValueError(f"loss impl {impl!r}; allowed: {', '.join(LOSS_IMPLS)}")
+    if impl == "auto":
+        return "fused" if device.type == "cuda" else "chunked"
+    return impl
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -21,65 +42,32 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
-def _acc_dtype(t: torch.Tensor) -> torch.dtype:
-    """float32 for half / bfloat16 / float32 work, float64 for float64."""
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
-def _chunk_stats(h, w, b, y):
-    """Logits in float32 (float64 for float64 inputs), their log-sum-exp, per-token loss and
-    argmax hits for one chunk."""
-    logits = (h @ w.t()).to(_acc_dtype(h))  # (c, V)
-    if b is not None:
-        logits += b.to(logits.dtype)
-    lse = torch.logsumexp(logits, dim=-1)  # (c,)
-    loss = lse - logits.gather(1, y[:, None])[:, 0]  # (c,)
-    hits = (logits.argmax(dim=-1) == y).sum()
-    return logits, lse, loss, hits
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk_size, compute_dtype):
-        # hidden (N, C), weight (V, C), bias (V,) or None, targets (N,) int64 in [0, V)
-        with torch.autocast(hidden.device.type, enabled=False):
-            w = weight.to(compute_dtype)
-            grad_h = torch.empty_like(hidden)
-            acc = _acc_dtype(w)
-            grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
-            grad_b = None if bias is None else torch.zeros_like(bias, dtype=acc)
-            loss_sum = torch.zeros((), dtype=acc, device=hidden.device)
-            hits = torch.zeros((), dtype=torch.int64, device=hidden.device)
-            for start in range(0, hidden.shape[0], chunk_size):
-                h = hidden[start : start + chunk_size].to(compute_dtype)  # (c, C)
-                y = targets[start : start + chunk_size]  # (c,)
-                logits, lse, loss, chunk_hits = _chunk_stats(h, w, bias, y)
-                loss_sum += loss.sum()
-                hits += chunk_hits
-                # d(sum loss)/d logits = softmax - one_hot, computed in place over the logits
-                g = logits.sub_(lse[:, None]).exp_()  # (c, V) float32
-                g[torch.arange(y.shape[0], device=y.device), y] -= 1.0
-                if grad_b is not None:
-                    grad_b += g.sum(dim=0)
-                g = g.to(compute_dtype)
-                grad_h[start : start + chunk_size] = (g @ w).to(hidden.dtype)  # (c, C)
-                grad_w += (g.t() @ h).to(acc)  # (V, C)
-                del logits, g
-        ctx.save_for_backward(grad_h, grad_w, grad_b)
-        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
-        ctx.mark_non_differentiable(hits)
-        return loss_sum, hits
-
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_hits):
-        grad_h, grad_w, grad_b = ctx.saved_tensors
-        w_dtype, b_dtype = ctx.dtypes
-        dh = (grad_h * grad_loss.to(grad_h.dtype)) if ctx.needs_input_grad[0] else None
-        dw = (grad_w * grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
-        db = None
-        if grad_b is not None and ctx.needs_input_grad[2]:
-            db = (grad_b * grad_loss).to(b_dtype)
-        return dh, dw, db, None, None, None
+def _check_head_inputs(hidden, weight, targets, bias, chunk_size, opts: LossOptions) -> None:
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden (N, C) and weight (V, C) expected, got {tuple(hidden.shape)}, {tuple(weight.shape)}"
+        )
+    vocab = weight.shape[0]
+    if bias is not None and tuple(bias.shape) != (vocab,):
+        raise ValueError(f"bias must be (V,) = ({vocab},), got {tuple(bias.shape)}")
+    if targets.shape != hidden.shape[:1] or targets.dtype.is_floating_point or targets.is_complex():
+        raise ValueError(
+            f"targets must be integer ({hidden.shape[0]},) like hidden's rows, got "
+            f"{targets.dtype} {tuple(targets.shape)}"
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if not 0.0 <= opts.label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {opts.label_smoothing}")
+    if not (math.isfinite(opts.z_loss) and opts.z_loss >= 0.0):
+        raise ValueError(f"z_loss must be a finite coefficient >= 0, got {opts.z_loss}")
+    counted = targets != opts.ignore_index
+    if bool((counted & ((targets < 0) | (targets >= vocab))).any()):  # one host sync
+        y = targets[counted]
+        raise ValueError(
+            f"labels must be in [0, {vocab}) or {opts.ignore_index}; got values in "
+            f"[{int(y.min())}, {int(y.max())}]"
+        )
 
 
 def linear_cross_entropy(
@@ -88,36 +76,27 @@ def linear_cross_entropy(
     targets: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
+    impl: str = "auto",
     chunk_size: int = 2048,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """sum_i CE(hidden_i @ weight.T + bias, targets_i) and the number of argmax hits.
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    compute_hits: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """sum over counted tokens of CE(hidden_i @ weight.T + bias, targets_i), and argmax hits.
 
-    hidden (N, C) of the counted tokens only; weight (V, C); targets (N,) int64 in [0, V).
-    Returns (loss_sum float32 scalar (float64 for float64 inputs), hits int64 scalar). Differentiable in hidden, weight, bias.
-    Under autocast the matmuls run in the autocast dtype and the softmax in float32.
+    hidden (N, C); weight (V, C); targets (N,) integer in [0, V) or ignore_index (not counted).
+    Returns (loss_sum float32 scalar (float64 for float64 inputs, chunked only), hits int64
+    scalar, or None when compute_hits=False). Differentiable in hidden, weight, bias.
+    Under autocast the products run in the autocast dtype, the softmax in float32.
     """
-    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(
-            f"hidden (N, C) and weight (V, C) expected, got {tuple(hidden.shape)}, {tuple(weight.shape)}"
-        )
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    opts = LossOptions(ignore_index, float(label_smoothing), float(z_loss))
+    _check_head_inputs(hidden, weight, targets, bias, chunk_size, opts)
     cd = _compute_dtype(hidden)
-    needs_grad = torch.is_grad_enabled() and (
-        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    )
-    if needs_grad:
-        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, chunk_size, cd)
-    with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
-        w = weight.to(cd)
-        loss_sum = torch.zeros((), dtype=_acc_dtype(w), device=hidden.device)
-        hits = torch.zeros((), dtype=torch.int64, device=hidden.device)
-        for start in range(0, hidden.shape[0], chunk_size):
-            h = hidden[start : start + chunk_size].to(cd)
-            _, _, loss, chunk_hits = _chunk_stats(h, w, bias, targets[start : start + chunk_size])
-            loss_sum += loss.sum()
-            hits += chunk_hits
-    return loss_sum, hits
+    fused = resolve_loss_impl(impl, hidden.device) == "fused"
+    run = fused_linear_cross_entropy if fused else chunked_linear_cross_entropy
+    kwargs = dict(chunk_size=chunk_size, compute_dtype=cd, opts=opts, with_hits=compute_hits)
+    return run(hidden, weight, targets, bias, **kwargs)
 
 
 def token_loss(
@@ -126,26 +105,34 @@ def token_loss(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
+    impl: str = "auto",
     chunk_size: int = 2048,
     ignore_index: int = -100,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Mean CE over the labelled tokens. hidden (B, T, C), labels (B, T) with ignore_index.
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    compute_hits: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Mean CE over the labelled tokens. hidden (B, T, C) or (N, C), labels (B, T) or (N,) with
+    ignore_index; options as in linear_cross_entropy.
 
-    Only the labelled tokens go through the head. Returns (loss, num_targets, hits); loss is 0
-    (and still part of the graph) when no token is labelled.
+    Returns (loss, num_targets, hits or None); loss = summed loss / num_targets, 0 (and still
+    part of the graph) when no token is labelled.
     """
     labels = labels.reshape(-1)  # (B*T,)
-    keep = labels != ignore_index
-    h = hidden.reshape(-1, hidden.shape[-1])[keep]  # (N, C)
-    y = labels[keep]  # (N,)
-    vocab = weight.shape[0]
-    if bool(((y < 0) | (y >= vocab)).any()):
-        raise ValueError(
-            f"labels must be in [0, {vocab}) or {ignore_index}; got values in "
-            f"[{int(y.min())}, {int(y.max())}]"
-        )
-    loss_sum, hits = linear_cross_entropy(h, weight, y, bias, chunk_size=chunk_size)
-    num = keep.sum()
+    h = hidden.reshape(-1, hidden.shape[-1])  # (B*T, C)
+    loss_sum, hits = linear_cross_entropy(
+        h,
+        weight,
+        labels,
+        bias,
+        impl=impl,
+        chunk_size=chunk_size,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        z_loss=z_loss,
+        compute_hits=compute_hits,
+    )
+    num = (labels != ignore_index).sum()
     loss = loss_sum / num.clamp(min=1).to(loss_sum.dtype)
     return loss, num, hits
 

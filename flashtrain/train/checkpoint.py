@@ -3,7 +3,8 @@
 Layout of one checkpoint (a directory under the run's checkpoints/ folder):
 
     step_000200/
-        meta.json      step, format, world size, strategy, parameter count, model config;
+        meta.json      step, format, world size, strategy, parameter count, model config, and
+                       `files`: the size and SHA-256 of every other file (checkpoint_manifest.py);
                        written last, so a directory without it is not a checkpoint
         config.yaml    the resolved config of the run that wrote it
         trainer.pt     scheduler, grad scaler, step, tokens seen, per-rank RNG and data positions
@@ -14,6 +15,9 @@ Layout of one checkpoint (a directory under the run's checkpoints/ folder):
 
 Everything is written into `.step_000200.tmp/` and renamed into place only when complete, so a
 kill at any moment leaves the previous checkpoints intact and never a half-written `latest`.
+Loading checks every file against the checksums first; `resume=auto` passes over a damaged
+checkpoint to the newest intact one. Pruning removes a checkpoint's meta.json before the rest, so
+a prune cut short never leaves something that looks like a checkpoint but lacks its tensors.
 Model and optimizer state go through torch.distributed.checkpoint.state_dict (parameter names as
 keys, wrapper prefixes removed), so either format loads into single, DDP or FSDP2 runs.
 """
@@ -21,6 +25,7 @@ keys, wrapper prefixes removed), so either format loads into single, DDP or FSDP
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -39,15 +44,27 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from flashtrain.file_integrity import ALGORITHM, fsync_directory
+from flashtrain.train.checkpoint_manifest import (
+    META,
+    CheckpointError,
+    HashingStorageWriter,
+    Manifest,
+    complete_manifest,
+    is_verified,
+    unlisted_files,
+    verify_files,
+    write_hashed,
+)
+from flashtrain.train.distributed import broadcast_object, gather_objects
+
+log = logging.getLogger("flashtrain.checkpoint")
+
 CKPT_RE = re.compile(r"^step_(\d+)$")
-META = "meta.json"
 TRAINER_STATE = "trainer.pt"
 MODEL_OPTIM = "model_optim.pt"
-FORMAT_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message names it and what to do instead."""
+CONFIG = "config.yaml"
+FORMAT_VERSION = 2  # 2: meta.json lists every file's size and checksum; 1: no checksums
 
 
 @dataclass(frozen=True)
@@ -74,22 +91,26 @@ def find_checkpoints(root: str | os.PathLike) -> list[CheckpointInfo]:
 
 
 def resolve_resume(resume: str | None, root: str | os.PathLike) -> Path | None:
-    """The checkpoint directory `trainer.resume` points at.
+    """The checkpoint directory `trainer.resume` points at, its files checked against their
+    checksums.
 
-    None -> None; "auto" -> the newest complete checkpoint under `root`, or None when there is
-    none; a path -> that checkpoint, or the newest one inside it when it is a checkpoints folder.
+    None -> None; "auto" -> the newest intact checkpoint under `root` (a damaged newer one is
+    passed over with a warning naming it), or None when there is none; a path -> that
+    checkpoint, or the newest one inside it when it is a checkpoints folder, refused with a
+    CheckpointError naming the damaged file when it does not verify.
     """
     if resume is None or str(resume).lower() in ("", "none", "null", "false"):
         return None
     if str(resume) == "auto":
-        found = find_checkpoints(root)
-        return found[-1].path if found else None
+        return _newest_intact(root)
     path = Path(resume).expanduser()
     if (path / META).is_file():
+        verify_checkpoint(path)
         return path
     if path.is_dir():
         found = find_checkpoints(path)
         if found:
+            verify_checkpoint(found[-1].path)
             return found[-1].path
         if any(path.glob("*.pt")) or (path / ".metadata").exists():
             raise CheckpointError(
@@ -98,6 +119,22 @@ def resolve_resume(resume: str | None, root: str | os.PathLike) -> Path | None:
             )
         raise CheckpointError(f"no checkpoint in {path} (expected step_NNNNNN/{META} inside)")
     raise CheckpointError(f"trainer.resume={resume}: no such checkpoint directory")
+
+
+def _newest_intact(root: str | os.PathLike) -> Path | None:
+    found = find_checkpoints(root)
+    for info in reversed(found):
+        try:
+            verify_checkpoint(info.path)
+            return info.path
+        except CheckpointError as e:
+            log.warning("trainer.resume=auto: passing over checkpoint %s: %s", info.path, e)
+    if found:
+        raise CheckpointError(
+            f"trainer.resume=auto: none of the {len(found)} checkpoint(s) in {root} is intact "
+            f"(see the warnings above); delete them to start afresh, or resume from a copy"
+        )
+    return None
 
 
 def read_meta(path: str | os.PathLike) -> dict:
@@ -111,6 +148,32 @@ def read_meta(path: str | os.PathLike) -> dict:
         raise CheckpointError(f"checkpoint {path} is corrupt: cannot read {META} ({e})") from e
     if not isinstance(meta, dict) or "step" not in meta or "format" not in meta:
         raise CheckpointError(f"checkpoint {path} is corrupt: {META} lacks step/format")
+    files = meta.get("files")
+    if files is not None and not _is_manifest(files):
+        raise CheckpointError(f"checkpoint {path} is corrupt: the file list in its {META} is bad")
+    return meta
+
+
+def _is_manifest(files) -> bool:
+    return isinstance(files, dict) and all(
+        isinstance(name, str)
+        and name == Path(name).name  # a plain file name inside the checkpoint
+        and isinstance(entry, dict)
+        and isinstance(entry.get("bytes"), int)
+        and isinstance(entry.get(ALGORITHM), str)
+        for name, entry in files.items()
+    )
+
+
+def verify_checkpoint(path: str | os.PathLike) -> dict:
+    """Check every file of checkpoint `path` against the sizes and checksums in its meta.json
+    (one process; load_checkpoint does the same spread over the ranks). Returns the meta;
+    raises CheckpointError naming the first damaged or missing file. A checkpoint written
+    before checksums (format version 1) passes unchecked."""
+    path = Path(path)
+    meta = read_meta(path)
+    if meta.get("files") is not None:
+        verify_files(path, meta["files"])
     return meta
 
 
@@ -123,24 +186,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
@@ -148,6 +193,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_directory(path.parent)
 
 
 def save_checkpoint(
@@ -166,7 +212,8 @@ def save_checkpoint(
 
     trainer_state (rank 0's; other ranks may pass None) holds whatever the trainer needs beyond
     model and optimizer. sharded=True writes through torch.distributed.checkpoint (FSDP2).
-    Returns the final checkpoint directory.
+    Every file is hashed while it is written (each rank hashes its own shards); meta.json,
+    written last, lists them all. Returns the final checkpoint directory.
     """
     root = Path(root)
     name = checkpoint_name(step)
@@ -174,11 +221,11 @@ def save_checkpoint(
     tmp = root / f".{name}.tmp"
     if _is_main():
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".step_*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
+        _remove_leftovers(root)
         tmp.mkdir()
     _barrier()
 
+    written: Manifest = {}
     if sharded:
         import torch.distributed.checkpoint as dcp
 
@@ -186,30 +233,36 @@ def save_checkpoint(
             "model": get_model_state_dict(model),
             "optim": get_optimizer_state_dict(model, optimizer),
         }
-        dcp.save(state, checkpoint_id=str(tmp))
+        writer = HashingStorageWriter(tmp)
+        dcp.save(state, storage_writer=writer)
+        written = writer.entries
     elif _is_main():
         state = {
             "model": get_model_state_dict(model),
             "optim": get_optimizer_state_dict(model, optimizer),
         }
-        torch.save(state, tmp / MODEL_OPTIM)
-        _fsync_file(tmp / MODEL_OPTIM)
-    _barrier()
+        written[MODEL_OPTIM] = write_hashed(tmp / MODEL_OPTIM, lambda f: torch.save(state, f))
+    every_rank = gather_objects(written)  # also waits until every rank has written its part
 
     if _is_main():
-        torch.save(trainer_state or {}, tmp / TRAINER_STATE)
-        _fsync_file(tmp / TRAINER_STATE)
+        written = {file: entry for part in every_rank for file, entry in part.items()}
+        written[TRAINER_STATE] = write_hashed(
+            tmp / TRAINER_STATE, lambda f: torch.save(trainer_state or {}, f)
+        )
         if config_yaml:
-            (tmp / "config.yaml").write_text(config_yaml)
+            written[CONFIG] = write_hashed(tmp / CONFIG, lambda f: f.write(config_yaml.encode()))
         full_meta = dict(meta)
         full_meta.update(
-            step=int(step), format="dcp" if sharded else "torch", version=FORMAT_VERSION
+            step=int(step),
+            format="dcp" if sharded else "torch",
+            version=FORMAT_VERSION,
+            files=complete_manifest(tmp, written),
         )
         with open(tmp / META, "w") as f:
             json.dump(full_meta, f, indent=2, default=str)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_directory(tmp)
         if final.exists():  # the same step saved again: swap the new one in
             old = root / f".{name}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -218,13 +271,42 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_directory(root)
         _atomic_write_text(root / "latest", name + "\n")
         if keep_last > 0:
-            for old in find_checkpoints(root)[:-keep_last]:
-                shutil.rmtree(old.path, ignore_errors=True)
+            prune_checkpoints(root, keep_last)
     _barrier()
     return final
+
+
+def _remove_leftovers(root: Path) -> None:
+    """What an interrupted save or prune left: temporary directories, and step directories
+    without a meta.json (a prune cut short). A checkpoint moved aside to be replaced by a new
+    save of the same step goes back into place if the new one never arrived."""
+    for old in root.glob(".step_*.old"):
+        final = root / old.name[1 : -len(".old")]
+        if not final.exists() and (old / META).is_file():
+            os.rename(old, final)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".step_*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for entry in root.iterdir():
+        if CKPT_RE.match(entry.name) and entry.is_dir() and not (entry / META).exists():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def prune_checkpoints(root: str | os.PathLike, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` checkpoints under `root`. Each loses its meta.json
+    first (made durable before anything else goes), so a prune cut short at any moment leaves
+    only complete checkpoints and directories that are plainly not checkpoints (removed by the
+    next save)."""
+    doomed = find_checkpoints(root)[:-keep_last] if keep_last > 0 else []
+    for info in doomed:
+        (info.path / META).unlink(missing_ok=True)
+        fsync_directory(info.path)
+    for info in doomed:
+        shutil.rmtree(info.path, ignore_errors=True)
 
 
 def load_checkpoint(
@@ -235,10 +317,12 @@ def load_checkpoint(
     sharded: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load model and optimizer state from checkpoint `path` in place; return (trainer_state,
-    meta). Every rank calls it. Raises CheckpointError, before touching the model, when the
-    checkpoint is unreadable or was written for a model of another shape."""
+    meta). Every rank calls it. Raises CheckpointError, before touching the model, when a file
+    does not match its checksum (the ranks share the hashing) or is unreadable, or when the
+    checkpoint was written for a model of another shape."""
     path = Path(path)
     meta = read_meta(path)
+    _verify_on_every_rank(path, meta)
     fmt = meta["format"]
     current = {k: tuple(shape) for k, shape in _full_shapes(model).items()}
     if fmt == "torch":
@@ -280,6 +364,37 @@ def load_checkpoint(
         raise CheckpointError(f"checkpoint {path} has unknown format {fmt!r}")
     trainer_state = _torch_load(path / TRAINER_STATE, weights_only=False)
     return trainer_state, meta
+
+
+def _verify_on_every_rank(path: Path, meta: dict) -> None:
+    """verify_checkpoint spread over the ranks (rank r hashes files r, r + world, ...); skipped
+    when this process (rank 0) checked the same files already, e.g. in resolve_resume."""
+    manifest = meta.get("files")
+    if manifest is None:
+        if _is_main():
+            log.info(
+                "checkpoint %s has no checksums (format version %s): loading it unverified",
+                path,
+                meta.get("version", 1),
+            )
+        return
+    if not broadcast_object(is_verified(path, manifest) if _is_main() else None):
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        error = None
+        try:
+            verify_files(path, manifest, sorted(manifest)[rank::world])
+        except CheckpointError as e:
+            error = str(e)
+        errors = [e for e in gather_objects(error) if e]
+        if errors:
+            raise CheckpointError(errors[0])
+    if _is_main() and (extra := unlisted_files(path, manifest)):
+        log.warning(
+            "checkpoint %s holds files its %s does not list (ignored, never read): %s",
+            path,
+            META,
+            ", ".join(extra[:5]),
+        )
 
 
 def _torch_load(file: Path, *, weights_only: bool):

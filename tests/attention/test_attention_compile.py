@@ -5,6 +5,9 @@ import pytest
 import torch
 
 from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
+from flashtrain.attention.ops import AttentionArgs
+
+pytestmark = pytest.mark.single_route  # each test picks its route
 
 
 class TinyAttention(torch.nn.Module):
@@ -22,12 +25,12 @@ class TinyAttention(torch.nn.Module):
 
 
 @pytest.mark.parametrize(
-    "backend,compiler",
+    "route,compiler",
     # inductor asserts the output strides the fake impls declare; aot_eager keeps the interpreter fast.
     [("torch", "inductor"), ("torch", "aot_eager"), ("triton", "aot_eager")],
 )
-def test_compile_fullgraph_matches_eager(backend, compiler, monkeypatch):
-    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", backend)
+def test_compile_fullgraph_matches_eager(route, compiler, monkeypatch):
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", route)
     torch.manual_seed(0)
     model = TinyAttention()
     x = torch.randn(2, 24, 32)
@@ -57,8 +60,10 @@ def test_varlen_compiles(monkeypatch):
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_ops_pass_opcheck(packed, monkeypatch):
-    """Fake impls agree with the real ones on shapes, dtypes and strides (strided q from a qkv split)."""
+@pytest.mark.parametrize("scores", ["plain", "softcap_alibi"])
+def test_ops_pass_opcheck(packed, scores, monkeypatch):
+    """Fake impls agree with the real ones on shapes, dtypes, strides and devices (strided q from
+    a qkv split), every returned tensor on q's device."""
     monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
     qkv = torch.randn(2, 13, 3, 2, 16)  # (B, S, 3, H, D): q, k, v are non-contiguous views
     q, k, v = qkv.unbind(2)
@@ -66,8 +71,15 @@ def test_ops_pass_opcheck(packed, monkeypatch):
     if packed:
         q, k, v = (x.reshape(26, 2, 16) for x in (q, k, v))
         cu = torch.tensor([0, 5, 26], dtype=torch.int32)
-    args = (q, k, v, cu, cu, 21, 21, 0.25, -1, 0, 0.0, None, [], 128)
-    torch.library.opcheck(torch.ops.flashtrain.attention_forward.default, args)
+    fancy = scores == "softcap_alibi"
+    args = AttentionArgs(
+        q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=21, max_seqlen_k=21,
+        softmax_scale=0.25, window_left=-1, window_right=0, dropout_p=0.0,
+        softcap=5.0 if fancy else 0.0, alibi_slopes=torch.rand(2, 2) if fancy else None,
+        deterministic=True, block_mask=None, block_tables=[], block_size=128,
+    )  # fmt: skip
+    torch.library.opcheck(torch.ops.flashtrain.attention_forward.default, tuple(args))
     out, lse, seed = torch.ops.flashtrain.attention_forward(*args)
-    bwd_args = (torch.randn_like(out), q, k, v, out, lse, seed, *args[3:])
+    assert seed.device == q.device and seed.dtype == torch.int64
+    bwd_args = (torch.randn_like(out), out, lse, seed, *args)
     torch.library.opcheck(torch.ops.flashtrain.attention_backward.default, bwd_args)

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
+from flashtrain.attention import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_qkvpacked_func,
+)
 
 
 def qkv(b=1, sq=8, sk=8, hq=2, hkv=2, d=16, dtype=torch.float16):
@@ -21,8 +27,8 @@ def qkv(b=1, sq=8, sk=8, hq=2, hkv=2, d=16, dtype=torch.float16):
         (lambda: (qkv(b=2)[0], *qkv(b=1)[1:]), "batch of q"),
         (lambda: (qkv(hq=3)[0], *qkv(hkv=2)[1:]), "multiple of heads_kv"),
         (lambda: (qkv(d=32)[0], *qkv(d=16)[1:]), "head_dim of q"),
-        (lambda: qkv(d=264), "multiple of 8 between 8 and 256"),
-        (lambda: qkv(d=20), "multiple of 8 between 8 and 256"),
+        (lambda: qkv(d=264), "between 1 and 256"),
+        (lambda: qkv(d=0), "between 1 and 256"),
         (lambda: (qkv()[0], qkv()[1], qkv(sk=9)[2]), "k and v must have the same shape"),
         (lambda: (qkv()[0].float(), *qkv()[1:]), "share one dtype"),
         (lambda: qkv(dtype=torch.float64), "allowed: float16, bfloat16, float32"),
@@ -42,6 +48,12 @@ def test_bad_tensors(make, message):
         (dict(window_size=(-2, 4)), "-1 for unbounded"),
         (dict(window_size=(3,)), "pair"),
         (dict(softmax_scale=0.0), "softmax_scale must be a positive"),
+        (dict(softcap=-1.0), r"softcap must be a finite number >= 0"),
+        (dict(softcap=float("inf")), r"softcap must be a finite number >= 0"),
+        (dict(alibi_slopes=torch.ones(2, dtype=torch.float16)), r"float32 tensor of shape \(2,\)"),
+        (dict(alibi_slopes=torch.ones(3)), r"got shape \(3,\)"),
+        (dict(alibi_slopes=torch.ones(2, 2)), r"\(1, 2\).*got shape \(2, 2\)"),
+        (dict(alibi_slopes=[0.5, 0.25]), "got list"),
     ],
 )
 def test_bad_options(kwargs, message):
@@ -49,11 +61,32 @@ def test_bad_options(kwargs, message):
         flash_attn_func(*qkv(), **kwargs)
 
 
+def test_attn_probs_refused_at_large_sizes():
+    q, k, v = (torch.empty(1, 4097, 1, 8, dtype=torch.float16) for _ in range(3))
+    with pytest.raises(ValueError, match=r"return_attn_probs=True materialises .* allowed up to"):
+        flash_attn_func(q, k, v, return_attn_probs=True)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: flash_attn_qkvpacked_func(torch.randn(1, 8, 2, 2, 16)), r"qkv must have shape"),
+        (lambda: flash_attn_kvpacked_func(*qkv()[:2]), r"kv must have shape .* 2 at dim -3"),
+        (lambda: flash_attn_varlen_qkvpacked_func(torch.randn(8, 3, 2, 16, 1), None, 8), "qkv"),
+    ],
+)
+def test_bad_packed_tensors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
 def test_mismatched_devices():
     q, k, v = qkv()
     meta_v = torch.empty_like(v, device="meta")
     with pytest.raises(ValueError, match="one device"):
         flash_attn_func(q, k, meta_v)
+    with pytest.raises(ValueError, match="alibi_slopes is on meta but q is on cpu"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(2, device="meta"))
 
 
 def _packed(total_q=10, total_k=10):
@@ -92,3 +125,14 @@ def test_unknown_cpu_backend(monkeypatch):
     monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "cuda-please")
     with pytest.raises(ValueError, match="allowed: auto, triton, torch"):
         flash_attn_func(*qkv())
+
+
+@pytest.mark.single_route
+def test_cu_seqlens_values_are_read_on_cpu_or_on_request(monkeypatch):
+    """Reading cu_seqlens on a GPU costs a host sync per call: only with FLASHTRAIN_CHECK_INPUTS=1."""
+    from flashtrain.attention.validation import values_checked
+
+    monkeypatch.delenv("FLASHTRAIN_CHECK_INPUTS", raising=False)
+    assert values_checked(torch.device("cpu")) and not values_checked(torch.device("cuda"))
+    monkeypatch.setenv("FLASHTRAIN_CHECK_INPUTS", "1")
+    assert values_checked(torch.device("cuda"))

@@ -13,6 +13,7 @@ from attention_testing import (
 from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
 
 pytestmark = [
+    pytest.mark.single_route,  # CUDA tensors: the CPU route does not apply
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
@@ -66,10 +67,36 @@ def test_gpu_backward_bitwise_deterministic():
     torch.manual_seed(2)
     q, k, v = random_qkv(1, 4096, 4096, 8, 2, 128, torch.bfloat16, device="cuda")
     dout = torch.randn_like(q)
-    fn = lambda a, b, c: flash_attn_func(a, b, c, causal=True, return_lse=True)
+    fn = lambda a, b, c: flash_attn_func(a, b, c, causal=True, deterministic=True, return_lse=True)
     first, second = forward_backward(fn, q, k, v, dout), forward_backward(fn, q, k, v, dout)
     for x, y in zip(first, second):
         assert torch.equal(x, y)
+
+
+def test_gpu_calls_never_synchronise_with_the_host():
+    """Dense with dropout, varlen and block-sparse, forward and backward, under
+    torch.cuda.set_sync_debug_mode("error"): any host sync raises (CUDA graphs need none)."""
+    from flashtrain.attention import blocksparse_attn_func, sparsity
+
+    q, k, v = (
+        t.requires_grad_() for t in random_qkv(2, 256, 256, 4, 2, 64, torch.bfloat16, "cuda")
+    )
+    cu = torch.tensor([0, 100, 512], dtype=torch.int32, device="cuda")
+    layout = sparsity.local(256, block_size=64, window_blocks=1)
+
+    def calls():
+        flash_attn_func(q, k, v, 0.1, None, True).sum().backward()
+        flash_attn_varlen_func(q.view(512, 4, 64), k.view(512, 2, 64), v.view(512, 2, 64), cu, cu,
+                               412, 412, causal=True).sum().backward()  # fmt: skip
+        blocksparse_attn_func(q, k, v, layout, dropout_p=0.1).sum().backward()
+
+    calls()  # compiles the kernels and builds the layout's device tables
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        calls()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_gpu_64k_tokens_fit():

@@ -16,12 +16,6 @@ from flashtrain.attention import blocksparse_attn_func, flash_attn_func, sparsit
 from flashtrain.attention.reference import expand_block_mask
 
 
-@pytest.fixture(params=["triton", "torch"])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", request.param)
-    return request.param
-
-
 def _random_mask(heads, seqlen_q, seqlen_k, block_size, density, generator):
     nq, nk = -(-seqlen_q // block_size), -(-seqlen_k // block_size)
     return torch.rand(heads, nq, nk, generator=generator) < density
@@ -105,6 +99,7 @@ def test_dropout_composes_with_sparsity(backend):
     assert torch.equal(a[:, :64], c[:, :64])
 
 
+@pytest.mark.single_route
 def test_layout_tables_and_blocks_visited():
     """Causal drops blocks above the diagonal; full vs partial as documented."""
     layout = sparsity.BlockSparseLayout(torch.ones(1, 4, 4, dtype=torch.bool), block_size=64)
@@ -119,6 +114,7 @@ def test_layout_tables_and_blocks_visited():
     assert layout.tables(250, 250, causal=True, device="cpu") is t  # cached
 
 
+@pytest.mark.single_route
 def test_kernel_visits_only_kept_blocks():
     """The kernel's own count of streamed key tiles is proportional to the kept blocks."""
     from flashtrain.kernels.flash_fwd import flash_forward
@@ -166,6 +162,7 @@ def test_bad_block_masks(make_mask, block_size, message):
         blocksparse_attn_func(q, k, v, make_mask(), block_size=block_size)
 
 
+@pytest.mark.single_route
 def test_backends_agree_on_sparse_causal():
     torch.manual_seed(3)
     q, k, v = random_qkv(1, 192, 192, 2, 1, 32, torch.float32)

@@ -9,12 +9,6 @@ import torch
 from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
 
 
-@pytest.fixture(params=["triton", "torch"])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", request.param)
-    return request.param
-
-
 def _observed_keep_mask(dropout_p, heads=4, seqlen_q=96, seqlen_k=64):
     """q = 0 makes attention uniform (1/Sk); v = identity exposes each (row, key) entry:
     out[..., j] = keep_ij / ((1 - p) * Sk). Returns the entries scaled by (1 - p) * Sk."""

@@ -28,12 +28,6 @@ SHAPES = [
 ]
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
@@ -47,10 +41,13 @@ def test_matches_float64_reference(backend, shape, causal, dtype):
     assert_matches_reference(got, truth, low, dtype)
 
 
-@pytest.mark.parametrize("head_dim", [16, 32, 40, 64, 80, 96, 128, 256])
-def test_every_supported_head_dim(backend, head_dim):
+@pytest.mark.parametrize("head_dim", [1, 5, 16, 33, 64, 72, 128, 200, 256])
+def test_every_supported_head_dim(head_dim):
+    """Any head_dim 1..256, exact at the original d (the kernels pad to a power of two inside).
+    Odd dims use a square causal shape, which the torch route sends to ATen's fused kernel;
+    even ones seqlen_q < seqlen_k, which it sends to the chunked path."""
     torch.manual_seed(head_dim)
-    q, k, v = random_qkv(1, 19, 23, 2, 1, head_dim, torch.float32)
+    q, k, v = random_qkv(1, 19, 19 if head_dim % 2 else 23, 2, 1, head_dim, torch.float32)
     dout = torch.randn_like(q)
     got = forward_backward(
         lambda a, b, c: flash_attn_func(a, b, c, causal=True, return_lse=True), q, k, v, dout
@@ -84,16 +81,17 @@ def test_rows_without_keys_are_zero_with_no_gradient(backend):
     assert q.grad[:, 5:].abs().sum() > 0
 
 
-def test_backward_is_deterministic(backend):
+def test_backward_is_deterministic():
     torch.manual_seed(5)
     q, k, v = random_qkv(1, 75, 75, 4, 2, 32, torch.float16)
     dout = torch.randn_like(q)
-    fn = lambda a, b, c: flash_attn_func(a, b, c, causal=True, return_lse=True)
+    fn = lambda a, b, c: flash_attn_func(a, b, c, causal=True, deterministic=True, return_lse=True)
     first, second = forward_backward(fn, q, k, v, dout), forward_backward(fn, q, k, v, dout)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
 
 
+@pytest.mark.single_route
 def test_backends_agree():
     """The PyTorch path and the kernels compute the same function (not only each near the truth)."""
     torch.manual_seed(6)
@@ -109,3 +107,21 @@ def test_backends_agree():
             del os.environ["FLASHTRAIN_CPU_ATTENTION"]
     for a, b in zip(results["triton"], results["torch"]):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.single_route
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_low_precision_on_the_default_cpu_path_meets_the_2x_rule(dtype, seed, monkeypatch):
+    """fp16/bf16 on the default CPU path: output and every gradient within 2x the error of the
+    same math in PyTorch in that dtype. dout is scaled by 64 (exact in floating point) so the
+    errors dwarf the absolute floor and the 2x factor decides (ATen's fused CPU kernel, which
+    low precision must not reach, gives dV errors 2.5-3x here)."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    torch.manual_seed(seed)
+    q, k, v = random_qkv(1, 128, 128, 2, 2, 64, dtype)
+    dout = torch.randn_like(q) * 64
+    fn = lambda a, b, c: flash_attn_func(a, b, c, causal=True, return_lse=True)
+    got = forward_backward(fn, q, k, v, dout)
+    truth, low = reference_results(q, k, v, dout, causal=True)
+    assert_matches_reference(got, truth, low, dtype)

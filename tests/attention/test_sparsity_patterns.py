@@ -7,6 +7,8 @@ import torch
 
 from flashtrain.attention import sparsity
 
+pytestmark = pytest.mark.single_route  # layouts only: no attention call
+
 
 @pytest.mark.parametrize("name", sorted(sparsity.PATTERNS))
 @pytest.mark.parametrize("seqlen, block_size", [(1000, 128), (4096, 64)])

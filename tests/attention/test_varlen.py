@@ -7,12 +7,6 @@ from attention_testing import assert_matches_reference, forward_backward, refere
 from flashtrain.attention import flash_attn_func, flash_attn_varlen_func, pad_input, unpad_input
 
 
-@pytest.fixture(params=["triton", "torch"])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", request.param)
-    return request.param
-
-
 def _cu(lengths):
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
@@ -101,10 +95,11 @@ def test_unpad_pad_round_trip_and_padding_is_ignored(backend):
     for b, n in enumerate([20, 7, 13]):
         mask[b, :n] = True
     x = torch.randn(batch, seqlen, heads, head_dim)
-    packed, indices, cu, max_len = unpad_input(x, mask)
+    packed, indices, cu, max_len, used = unpad_input(x, mask)
     assert (
         packed.shape == (40, heads, head_dim) and cu.tolist() == [0, 20, 27, 40] and max_len == 20
     )
+    assert used.dtype == torch.int32 and used.tolist() == [20, 7, 13]
     restored = pad_input(packed, indices, batch, seqlen)
     assert torch.equal(restored[mask], x[mask]) and torch.equal(
         restored[~mask], torch.zeros_like(x[~mask])
@@ -118,7 +113,7 @@ def test_unpad_pad_round_trip_and_padding_is_ignored(backend):
     )
     x2 = x.clone()
     x2[~mask] = 1e3
-    p2, _, _, _ = unpad_input(x2, mask)
+    p2 = unpad_input(x2, mask)[0]
     out2 = pad_input(
         flash_attn_varlen_func(p2, p2, p2, cu, cu, max_len, max_len), indices, batch, seqlen
     )

@@ -9,13 +9,7 @@ from attention_testing import (
     reference_results,
 )
 
-from flashtrain.attention import flash_attn_func
-
-
-@pytest.fixture(params=["triton", "torch"])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", request.param)
-    return request.param
+from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
 
 
 @pytest.mark.parametrize(
@@ -46,6 +40,7 @@ def test_window_matches_reference(backend, seqlen_q, seqlen_k, window, causal):
     assert_matches_reference(got, truth, low, torch.float32)
 
 
+@pytest.mark.single_route
 def test_key_blocks_outside_the_band_are_skipped():
     """The launch visits only blocks that intersect the band: count them with the same range
     arithmetic the kernel uses, and check cost grows linearly in seqlen for a fixed window."""
@@ -57,6 +52,7 @@ def test_key_blocks_outside_the_band_are_skipped():
     assert local[1] == pytest.approx(2 * local[0], rel=0.05)  # linear
 
 
+@pytest.mark.single_route
 @pytest.mark.parametrize(
     "seqlen_q, seqlen_k, window, causal",
     [
@@ -110,3 +106,30 @@ def test_visit_count_mirror_matches_the_kernel(seqlen_q, seqlen_k, window, causa
     assert int(visits.sum()) == expected
     full = -(-seqlen_k // cfg.block_n) * tiles_m
     assert expected <= full
+
+
+@pytest.mark.parametrize(
+    "window, unbounded, causal",
+    [
+        ((-1, 2**31 - 1), (-1, -1), False),
+        ((2**31 - 1, 2**40), (-1, -1), True),
+        ((9, 9), (-1, -1), False),  # a side equal to seqlen_k
+        ((12, 3), (-1, 3), True),
+        ((2, 2**31 - 1), (2, -1), False),
+    ],
+)
+def test_sides_of_at_least_seqlen_k_are_unbounded(window, unbounded, causal):
+    """As in flash-attn. seqlen_q > 2 * seqlen_k: a finite right side >= seqlen_k taken literally
+    would still hide keys from the first rows, so this checks the rule, not only no overflow."""
+    torch.manual_seed(8)
+    q, k, v = random_qkv(1, 40, 9, 2, 1, 16, torch.float32)
+    got = flash_attn_func(q, k, v, causal=causal, window_size=window, return_lse=True)
+    want = flash_attn_func(q, k, v, causal=causal, window_size=unbounded, return_lse=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    if not causal and unbounded == (-1, -1):
+        assert torch.isfinite(got[1]).all()  # every row sees every key
+    cu_q, cu_k = (torch.tensor([0, n], dtype=torch.int32) for n in (40, 9))
+    packed = flash_attn_varlen_func(
+        q[0], k[0], v[0], cu_q, cu_k, 40, 9, causal=causal, window_size=window
+    )
+    assert torch.equal(packed, want[0][0])

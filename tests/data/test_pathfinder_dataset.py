@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+import flashtrain.data.pathfinder_cache as pfc
 import flashtrain.data.pathfinder_data as pfd
 from flashtrain.data import build_data
 from flashtrain.data.pathfinder import generate_pathfinder
@@ -15,23 +16,23 @@ def root(tmp_path_factory):
 
 
 def test_cache_is_written_once_atomically_and_verified(root, monkeypatch):
-    images, labels = pfd.load_or_generate(root, 32, 6, 40, seed=4, num_workers=1, progress=False)
+    images, labels = pfc.load_or_generate(root, 32, 6, 40, seed=4, num_workers=1, progress=False)
     expected, expected_labels = generate_pathfinder(40, 32, 6, seed=4, num_workers=1)
     assert np.array_equal(images, expected) and np.array_equal(labels, expected_labels)
-    directory = pfd.pathfinder_cache_dir(root, 32, 6, 40, 4)
+    directory = pfc.pathfinder_cache_dir(root, 32, 6, 40, 4)
     assert sorted(p.name for p in directory.iterdir()) == ["images.npy", "labels.npy", "meta.json"]
     assert not [p for p in directory.parent.iterdir() if p.name.endswith(".tmp")]
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("regenerated although cached")
 
-    monkeypatch.setattr(pfd, "generate_pathfinder_into", must_not_run)
-    again, _ = pfd.load_or_generate(root, 32, 6, 40, seed=4, progress=False)
+    monkeypatch.setattr(pfc, "generate_cache", must_not_run)
+    again, _ = pfc.load_or_generate(root, 32, 6, 40, seed=4, progress=False)
     assert np.array_equal(again, expected)
     path = directory / "images.npy"
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(ValueError, match="damaged"):
-        pfd.load_or_generate(root, 32, 6, 40, seed=4, progress=False)
+        pfc.load_or_generate(root, 32, 6, 40, seed=4, progress=False)
 
 
 def test_dataset_splits_are_80_10_10_and_balanced(root):

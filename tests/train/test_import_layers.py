@@ -1,5 +1,6 @@
 """The layers import one way: train -> models -> attention -> kernels, data beside models (it
-imports neither models nor attention), and no module-level import cycle anywhere."""
+imports neither models nor attention), leaf utilities (typed_config, file_integrity) importable by
+all, and no module-level import cycle anywhere."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from config_testing import REPO
 # package -> the flashtrain packages it may import (itself always allowed)
 ALLOWED = {
     "typed_config": set(),
+    "file_integrity": set(),
     "kernels": set(),
     "attention": {"kernels", "typed_config"},
     "models": {"attention", "kernels", "typed_config"},
-    "data": {"typed_config"},
+    "data": {"typed_config", "file_integrity"},
     "bench": {"attention", "kernels"},
-    "train": {"models", "data", "attention", "kernels", "typed_config"},
+    "train": {"models", "data", "attention", "kernels", "typed_config", "file_integrity"},
 }
 
 

@@ -1,0 +1,200 @@
+"""Pathfinder generation survives interruptions: SIGTERM, Ctrl-C or kill -9 in the middle keeps the
+finished chunks, leaves no temporaries and no leaked semaphores, and the next run continues to a
+result bit-identical to an uninterrupted one; stale temporaries of the old format are removed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flashtrain.data.pathfinder as pf
+import flashtrain.data.pathfinder_cache as pfc
+from flashtrain.data.files import exclusive_lock
+from flashtrain.data.pathfinder import generate_pathfinder
+from flashtrain.data.pathfinder_cache import load_or_generate, pathfinder_cache_dir
+
+REPO = Path(__file__).resolve().parents[2]
+NUM, SIZE, LENGTH, SEED = 48, 32, 6, 3
+
+GENERATE = textwrap.dedent(
+    f"""
+    import sys
+    from pathlib import Path
+    import flashtrain.data.pathfinder_cache as pfc
+    pfc.CHUNK_SIZE = 2
+    pfc.SAVE_EVERY_S = 0.0
+    from flashtrain.data.pathfinder_cache import load_or_generate
+    load_or_generate(Path(sys.argv[1]), {SIZE}, {LENGTH}, {NUM}, {SEED}, num_workers=2,
+                     progress=False)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The uninterrupted result (a prefix of it for smaller counts: prefixes are stable)."""
+    return generate_pathfinder(NUM, SIZE, LENGTH, SEED, num_workers=1)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Images generated in this process, chunk by chunk."""
+    counts = []
+    real = pf._generate_range
+    monkeypatch.setattr(
+        pf, "_generate_range", lambda task: counts.append(task[1] - task[0]) or real(task)
+    )
+    return counts
+
+
+def temporaries(root):
+    return [p for p in Path(root).rglob("*") if p.name.endswith(".tmp")]
+
+
+def done_chunks(work):
+    try:
+        return json.loads((work / "progress.json").read_text())["done"]
+    except (OSError, ValueError):
+        return []
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: signal.Signals(s).name
+)
+def test_an_interrupted_generation_continues_to_the_same_result(
+    tmp_path, sig, reference, counted, monkeypatch
+):
+    env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GENERATE, str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    directory = pathfinder_cache_dir(tmp_path, SIZE, LENGTH, NUM, SEED)
+    work = pfc.work_dir(directory)
+    deadline = time.monotonic() + 120
+    while len(done_chunks(work)) < 2:  # two chunks (of 24) safely on disk: interrupt now
+        assert proc.poll() is None, f"finished before the interrupt: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no progress within 120 s"
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)  # returns once every child closed stderr, too
+
+    assert not directory.exists()
+    kept = done_chunks(work)
+    assert 2 <= len(kept) < NUM // 2
+    if sig == signal.SIGKILL:
+        # no cleanup ran (the next run does it), but the workers followed their parent at once
+        # (else communicate() would still wait for them to close stderr)
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == (143 if sig == signal.SIGTERM else -signal.SIGINT), err
+        assert "leaked semaphore" not in err and "run again" in err, err
+        assert temporaries(tmp_path) == []
+
+    monkeypatch.setattr(pfc, "CHUNK_SIZE", 2)
+    images, labels = load_or_generate(
+        tmp_path, SIZE, LENGTH, NUM, SEED, num_workers=1, progress=False
+    )
+    assert sum(counted) == NUM - 2 * len(kept)  # only what was missing was generated
+    assert np.array_equal(images, reference[0]) and np.array_equal(labels, reference[1])
+    assert sorted(p.name for p in directory.iterdir()) == ["images.npy", "labels.npy", "meta.json"]
+    assert not work.exists() and temporaries(tmp_path) == []
+
+
+def test_resuming_with_another_chunk_size_keeps_the_covered_chunks(
+    tmp_path, reference, monkeypatch, caplog
+):
+    real = pf._generate_range
+    calls = []
+
+    def interrupted_on_the_fourth_chunk(task):
+        calls.append(task)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(task)
+
+    monkeypatch.setattr(pf, "_generate_range", interrupted_on_the_fourth_chunk)
+    monkeypatch.setattr(pfc, "CHUNK_SIZE", 2)
+    monkeypatch.setattr(pfc, "SAVE_EVERY_S", 1e9)  # only the save on the way out
+    with pytest.raises(KeyboardInterrupt), caplog.at_level(logging.WARNING, logger="flashtrain"):
+        load_or_generate(tmp_path, SIZE, LENGTH, 16, SEED, num_workers=1, progress=False)
+    assert any("6 of 16 images are kept" in r.getMessage() for r in caplog.records)
+    assert temporaries(tmp_path) == []
+
+    counted = []
+    monkeypatch.setattr(
+        pf, "_generate_range", lambda task: counted.append(task[1] - task[0]) or real(task)
+    )
+    monkeypatch.setattr(pfc, "CHUNK_SIZE", 4)  # images 0-5 done: chunk 0-3 kept, 4-7 redone
+    images, labels = load_or_generate(
+        tmp_path, SIZE, LENGTH, 16, SEED, num_workers=1, progress=False
+    )
+    assert sum(counted) == 12
+    assert np.array_equal(images, reference[0][:16]) and np.array_equal(labels, reference[1][:16])
+
+
+def test_a_complete_work_directory_is_published_without_generating(tmp_path, monkeypatch):
+    real_publish = pfc._publish
+
+    def killed_before_the_rename(work, directory):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pfc, "_publish", killed_before_the_rename)
+    with pytest.raises(KeyboardInterrupt):
+        load_or_generate(tmp_path, SIZE, LENGTH, 4, SEED, num_workers=1, progress=False)
+    monkeypatch.setattr(pfc, "_publish", real_publish)
+    monkeypatch.setattr(pf, "_generate_range", lambda task: pytest.fail("generated again"))
+    images, _ = load_or_generate(tmp_path, SIZE, LENGTH, 4, SEED, num_workers=1, progress=False)
+    assert images.shape == (4, SIZE, SIZE)
+
+
+def test_a_damaged_work_directory_is_discarded(tmp_path, reference, caplog):
+    work = pfc.work_dir(pathfinder_cache_dir(tmp_path, SIZE, LENGTH, 4, SEED))
+    work.mkdir(parents=True)
+    (work / "progress.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="flashtrain"):
+        images, labels = load_or_generate(
+            tmp_path, SIZE, LENGTH, 4, SEED, num_workers=1, progress=False
+        )
+    assert any(
+        "discarding" in r.getMessage() and str(work) in r.getMessage() for r in caplog.records
+    )
+    assert np.array_equal(images, reference[0][:4]) and np.array_equal(labels, reference[1][:4])
+
+
+def test_old_format_temporaries_are_removed_only_when_nobody_writes_them(tmp_path, caplog):
+    parent = tmp_path / "pathfinder"
+    parent.mkdir()
+
+    def leftover(name):
+        path = parent / name
+        path.mkdir()
+        (path / "images.npy").write_bytes(b"\0" * 4096)
+        return path
+
+    own = leftover(".pathfinder32-len6-n4-seed3-v1.4242-0123abcd.tmp")
+    free = leftover(".pathfinder32-len6-n8-seed3-v1.4243-0123abce.tmp")
+    busy = leftover(".pathfinder64-len6-n8-seed3-v1.4244-0123abcf.tmp")
+    unfinished = leftover(".pathfinder32-len9-n8-seed3-v1.partial")  # resumable: kept
+    unrelated = parent / "notes.tmp"
+    unrelated.write_text("not ours")
+    with (
+        exclusive_lock(parent, ".pathfinder64-len6-n8-seed3-v1.lock"),  # being generated now
+        caplog.at_level(logging.INFO, logger="flashtrain"),
+    ):
+        load_or_generate(tmp_path, SIZE, LENGTH, 4, SEED, num_workers=1, progress=False)
+    assert not own.exists() and not free.exists()
+    assert busy.exists() and unfinished.exists() and unrelated.exists()
+    assert any(str(unfinished) in r.getMessage() for r in caplog.records)

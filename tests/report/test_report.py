@@ -1,0 +1,233 @@
+"""scripts/report.py on run folders written by hand: the tables hold the right numbers beside
+the paper's, the plots exist, restarts and missing pieces are handled."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+from report_testing import (
+    CPU_LOG,
+    GPU_LOG,
+    launch,
+    lm_config,
+    lm_curve,
+    lm_eval,
+    write_run,
+)
+
+from flashtrain.data.synthetic import recall_optimal_loss
+from flashtrain.report import write_reports
+from flashtrain.report.runs import device_from_log, load_run, read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+PYSRC = {"name": "pysrc", "loader": "lm_corpus", "tokenizer": "byte"}
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_png(path: Path) -> None:
+    assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000  # a drawn figure, not an empty canvas
+
+
+def test_metrics_of_a_resumed_run_keep_the_rows_logged_after_the_restart(tmp_path):
+    rows = [
+        {"step": 10, "loss": 3.0},
+        {"step": 20, "loss": 2.5},
+        {"step": 20, "eval/loss": 2.6},
+        {"step": 30, "loss": 2.4},  # lost with the crash: the run resumes from step 20
+        {"step": 30, "eval/loss": 2.45},
+        {"step": 30, "loss": 2.3},
+        {"step": 40, "loss": 2.2},
+        {"step": 40, "eval/loss": 2.25},
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 50, "lo')
+    train, evals = read_metrics(path)
+    assert [(r["step"], r["loss"]) for r in train] == [(10, 3.0), (20, 2.5), (30, 2.3), (40, 2.2)]
+    assert [(r["step"], r["eval/loss"]) for r in evals] == [(20, 2.6), (40, 2.25)]
+
+
+def test_device_from_the_training_log():
+    assert device_from_log("  device: auto\n" + CPU_LOG) == "CPU (2 threads)"
+    assert device_from_log(GPU_LOG) == "8 x NVIDIA H100 80GB HBM3"
+    assert device_from_log("nothing here") is None
+
+
+def test_context_length_report_byte_level_and_openwebtext(tmp_path):
+    runs = tmp_path / "runs"
+    for ctx, loss in ((64, 1.5), (128, 1.4), (256, 1.3)):
+        write_run(
+            runs / f"pysrc-{ctx}",
+            lm_config(PYSRC, ctx, max_steps=30),
+            lm_curve(loss, 30, 4096),
+            [lm_eval(30, loss)],
+            launch=launch("context-length", data="pysrc"),
+        )
+    owt = {"name": "openwebtext", "loader": "lm_corpus", "tokenizer": "gpt2"}
+    write_run(
+        runs / "owt-1k",
+        lm_config(owt, 1024, max_steps=40),
+        lm_curve(3.0, 20, 524288),  # partial: 20 of 40 steps
+        [lm_eval(20, math.log(20.5))],
+        log=GPU_LOG,
+        launch=launch("context-length", scale="paper", data="openwebtext", commit="1234567890ab"),
+    )
+    written = write_reports(sorted(runs.iterdir()), tmp_path / "out")
+    assert written == [tmp_path / "out" / "context-length.md"]
+    text = written[0].read_text()
+    for ctx, loss in ((64, 1.5), (128, 1.4), (256, 1.3)):
+        assert (
+            f"| {ctx} | `pysrc-{ctx}` | tiny | {loss:.4g} | {loss / math.log(2):.4g} | - |" in text
+        )
+    assert "| 1024 | `owt-1k` | paper | 3.02 | 20.5 | 18.2 |" in text
+    assert "Tokens per optimizer step: 4,096 at every context length." in text
+    assert "| `owt-1k` | paper | partial | 20/40 | 10.49M | 8 x NVIDIA H100 80GB HBM3 |" in text
+    assert "| `pysrc-64` | tiny | done | 30/30 | 122.88K | CPU (2 threads) | `abcdef1234` |" in text
+    for name in ("context-length-loss.png", "context-length-final.png"):
+        assert f"]({name})" in text
+        assert_png(tmp_path / "out" / name)
+
+
+def test_context_length_report_synthetic_bounds(tmp_path):
+    data = {"name": "synthetic", "loader": "synthetic", "num_keys": 16, "num_values": 16}
+    data["loss_on"] = "values"
+    write_run(tmp_path / "syn", lm_config(data, 64), lm_curve(2.0, 20, 512), [lm_eval(20, 2.0)])
+    (path,) = write_reports([tmp_path / "syn"], tmp_path / "out")
+    best, floor = recall_optimal_loss(64, 16, 16), math.log(16)
+    closed = (floor - 2.0) / (floor - best)
+    assert f"| 64 | `syn` | - | 2 | {best:.4g} | {floor:.4g} | {closed:.0%} |" in path.read_text()
+
+
+def classifier_config(task: str, seq_len: int, impl: str, contour: int = 14) -> dict:
+    return {
+        "seq_len": seq_len,
+        "model": {"arch": "classifier"},
+        "attention": {"impl": impl},
+        "data": {"name": task, "contour_length": contour},
+        "trainer": {"max_steps": 20},
+    }
+
+
+def test_pathfinder_report(tmp_path):
+    for impl, accs in (("flash", (0.55, 0.61)), ("blocksparse", (0.58, 0.52))):
+        write_run(
+            tmp_path / f"pathx-{impl}",
+            classifier_config("pathx", 16384, impl),
+            [{"step": s, "loss": 0.69, "accuracy": a, "tokens_seen": s * 64 * 16384.0}
+             for s, a in ((10, accs[0]), (20, accs[1]))],
+            [{"step": s, "eval/loss": 0.69, "eval/accuracy": a}
+             for s, a in ((10, accs[0]), (20, accs[1]))],
+        )  # fmt: skip
+    write_run(
+        tmp_path / "path32",
+        classifier_config("pathfinder32", 1024, "sdpa", contour=6),
+        [{"step": 20, "loss": 0.6, "accuracy": 0.7, "tokens_seen": 20 * 32 * 1024.0}],
+        [{"step": 20, "eval/loss": 0.6, "eval/accuracy": 0.75}],
+    )
+    runs = [tmp_path / "path32", *sorted(tmp_path.glob("pathx-*"))]
+    (path,) = write_reports(runs, tmp_path / "out")
+    text = path.read_text()
+    assert "| Path-32 (contour 6) | sdpa | `path32` | - | 640 | 75.0 | 75.0 | 70.0 | 72.7 |" in text
+    assert "| Path-X | flash | `pathx-flash` | - | 1,280 | 61.0 | 61.0 | 61.0 | 61.4 |" in text
+    assert (
+        "| Path-X | blocksparse | `pathx-blocksparse` | - | 1,280 | 52.0 | 58.0 | 52.0 | 56 |"
+        in text
+    )
+    assert "| FlashAttention | 37.6 | 63.9 | 81.4 | 43.5 | 72.7 | 59.8 |" in text
+    assert_png(tmp_path / "out" / "pathfinder-accuracy.png")
+
+
+def bench_row(method, seqlen, ms, mib, note=""):
+    return {"method": method, "mode": "fwd_bwd", "seqlen": seqlen, "batch": 16384 // seqlen,
+            "heads": 32, "head_dim": 64, "causal": False, "density": 1.0, "variant": "",
+            "ms": ms, "tflops": 1.0 if ms else None, "peak_mib": mib, "note": note}  # fmt: skip
+
+
+def test_speed_memory_report_bench_and_steps(tmp_path):
+    bench = tmp_path / "kernels"
+    bench.mkdir()
+    rows = [
+        bench_row("flashtrain", 1024, 2.0, 100.0),
+        bench_row("sdpa_math", 1024, 4.0, 800.0),
+        bench_row("flashtrain", 4096, 8.0, 100.0),
+        bench_row("sdpa_math", 4096, None, None, "OOM"),
+    ]
+    env = {"device": "NVIDIA H100 80GB HBM3", "commit": "feedbeef", "torch": "2.11"}
+    payload = {"env": env, "args": {"sweep": "dense"}, "rows": rows}
+    (bench / "attention-dense-nvidia-h100-reproduce.json").write_text(json.dumps(payload))
+    for impl, times in (("flash", (0.1, 0.3)), ("reference", (0.2, 1.6))):
+        for seq_len, t in zip((256, 1024), times):
+            write_run(
+                tmp_path / f"step-{impl}-{seq_len}",
+                lm_config({"name": "synthetic", "loader": "synthetic"}, seq_len, 6, impl),
+                [{"step": 3, "step_time_s": 9.0, "memory/max_rss_gib": 0.5, "loss": 5.0},
+                 {"step": 6, "step_time_s": t, "memory/max_rss_gib": 4 * t, "loss": 5.0}],
+                launch=launch("speed-memory"),
+            )  # fmt: skip
+    runs = [bench, *sorted(tmp_path.glob("step-*"))]
+    (path,) = write_reports(runs, tmp_path / "out")
+    text = path.read_text()
+    assert "| 1024 | 2 | 100 | 8.0x | 5.7x | 2.0x | 1.6x |" in text  # paper: 1184/209, 3.67/2.29
+    assert "| 4096 | 8 | 100 | OOM | 20.4x | OOM | 1.7x |" in text
+    assert "| `kernels` | - | done | - | - | NVIDIA H100 80GB HBM3 | `feedbeef` |" in text
+    assert "| 1024 | 0.3 s / 1.2 GiB | 1.6 s / 6.4 GiB |" in text
+    names = [
+        "speed-memory-step.png",
+        *(f"speed-memory-kernels-dense-{v}.png" for v in ("ms", "peak_mib")),
+    ]
+    for name in names:
+        assert_png(tmp_path / "out" / name)
+
+
+def test_bert_report(tmp_path):
+    config = {"seq_len": 128, "model": {"arch": "bert", "name": "bert-base"},
+              "data": {"name": "bert_mlm"}, "trainer": {"max_steps": 20}}  # fmt: skip
+    write_run(
+        tmp_path / "bert",
+        config,
+        [{"step": s, "loss": 9.0 - s / 10, "accuracy": s / 100} for s in (10, 20)],
+        [{"step": 20, "eval/loss": 7.5, "eval/ppl": math.exp(7.5), "eval/accuracy": 0.123}],
+    )
+    (path,) = write_reports([tmp_path / "bert"], tmp_path / "out")
+    assert "| `bert` | - | bert-base | 128 | 7.5 | 12.3 | 72 |" in path.read_text()
+    assert_png(tmp_path / "out" / "bert-curves.png")
+
+
+def test_the_cli_reports_and_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    report = load_script("report")
+    run = write_run(tmp_path / "syn", lm_config({"name": "synthetic"}, 64), lm_curve(2.0, 10, 64))
+    assert report.main([str(run), "--out", str(tmp_path / "out")]) == 0
+    assert "context-length.md" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert report.main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
+    assert "is not a run folder" in capsys.readouterr().err
+
+
+def test_a_run_without_metrics_is_listed_as_not_started_or_failed(tmp_path):
+    run = tmp_path / "new"
+    run.mkdir()
+    (run / "reproduce.json").write_text(json.dumps(launch("bert")))
+    record = load_run(run)
+    assert (record.experiment, record.status, record.steps) == ("bert", "not started", 0)
+    failed = launch("bert")
+    failed["launches"][0]["exit_code"] = 2
+    (run / "reproduce.json").write_text(json.dumps(failed))
+    assert load_run(run).status == "not started, exit 2"
+    (path,) = write_reports([run], tmp_path / "out")
+    assert "No run has logged metrics yet." in path.read_text()
+
+
+@pytest.mark.parametrize("arch, experiment", [("classifier", "pathfinder"), ("bert", "bert")])
+def test_experiment_is_inferred_without_reproduce_json(tmp_path, arch, experiment):
+    run = write_run(tmp_path / "r", {"model": {"arch": arch}, "trainer": {"max_steps": 1}})
+    assert load_run(run).experiment == experiment

@@ -1,0 +1,197 @@
+"""scripts/reproduce.py: the experiment tables, the commands, and a smoke run of the driver
+(real train.py subprocesses, a few steps of a tiny model on the synthetic task)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from flashtrain.experiments import EXPERIMENT_NAMES, SCALES, plan
+from flashtrain.experiments.driver import (
+    command,
+    hydra_value,
+    merge_overrides,
+    override_value,
+    shown,
+    train_state,
+)
+from flashtrain.experiments.spec import Run
+from flashtrain.experiments.tables import TABLES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def all_plans():
+    for experiment in EXPERIMENT_NAMES:
+        for scale in SCALES:
+            for data in TABLES[experiment][scale].data or [None]:
+                yield plan(experiment, scale, data)
+
+
+def test_every_train_run_names_its_steps_and_every_name_is_unique():
+    names = set()
+    for p in all_plans():
+        for run in p.runs:
+            assert run.name not in names
+            names.add(run.name)
+            if run.kind == "train":
+                assert override_value(run.args, "trainer.max_steps") is not None, run.name
+    assert {p.scale for p in all_plans()} == set(SCALES)
+
+
+def test_context_length_sees_equal_tokens_per_step_at_every_context():
+    for p in all_plans():
+        if p.experiment != "context-length" or p.scale == "paper":
+            continue
+        tokens = set()
+        for run in p.runs:
+            seq_len = int(override_value(run.args, "seq_len"))
+            per_step = int(override_value(run.args, "global_batch_tokens"))
+            micro = int(override_value(run.args, "micro_batch_size"))
+            assert per_step % (seq_len * micro) == 0, run.name
+            tokens.add(per_step)
+        assert len(tokens) == 1 and len(p.runs) == 4
+
+
+def test_paper_scale_runs_on_eight_gpus_and_pathx_starts_from_path64(tmp_path):
+    p = plan("pathfinder", "paper")
+    assert all(run.nproc == 8 for run in p.runs)
+    argv = command(p.runs[1], tmp_path / "runs" / p.runs[1].name)
+    assert shown(argv).startswith("torchrun --nproc_per_node=8 ")
+    init = override_value(argv, "model.init_from")
+    assert init == str(
+        tmp_path / "runs" / p.runs[0].name / "checkpoints/step_050000/model_optim.pt"
+    )
+
+
+def test_overrides_merge_last_value_wins_and_values_are_quoted_for_hydra():
+    merged = merge_overrides(["a=1", "b=2"], ["+a=3"], ["c=4"])
+    assert merged == ["+a=3", "b=2", "c=4"] and override_value(merged, "a") == "3"
+    assert hydra_value("/tmp/out-1/runs") == "/tmp/out-1/runs"
+    assert hydra_value("/tmp/my runs/it's") == "'/tmp/my runs/it\\'s'"
+
+
+def test_a_run_is_finished_at_its_last_step_and_final_evaluation(tmp_path):
+    run = Run("r", ("trainer.max_steps=4",))
+    assert train_state(run, tmp_path) == ("new", 0)
+    rows = [{"step": 2, "loss": 1.0}, {"step": 4, "loss": 0.9}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert train_state(run, tmp_path) == ("partial", 4)  # killed before its final evaluation
+    assert train_state(run, tmp_path, ["trainer.eval_at_end=false"]) == ("finished", 4)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 4, "eval/loss": 0.95}) + "\n")
+    assert train_state(run, tmp_path) == ("finished", 4)
+    assert train_state(run, tmp_path, ["trainer.max_steps=8"]) == ("partial", 4)
+
+
+def test_bad_choices_are_refused():
+    with pytest.raises(ValueError, match="pysrc, synthetic"):
+        plan("context-length", "tiny", "wikitext")
+    with pytest.raises(ValueError, match="takes no --data"):
+        plan("bert", "tiny", "pysrc")
+    with pytest.raises(ValueError, match="unknown scale"):
+        plan("bert", "huge")
+
+
+def test_paper_scale_and_dry_run_print_commands_and_run_nothing(tmp_path, capsys):
+    reproduce = load_script("reproduce")
+    assert reproduce.main(["bert", "--scale", "paper", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "17.4" in out and "torchrun --nproc_per_node=8 train.py" in out and "--run" in out
+    args = ["pathfinder", "--scale", "tiny", "--out", str(tmp_path), "--dry-run"]
+    assert reproduce.main(args) == 0
+    assert "python train.py" in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists()
+    assert reproduce.main([*args, "--only", "nothing*"]) == 2
+    assert "matches no run" in capsys.readouterr().err
+
+
+SMOKE = [
+    "--override",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "global_batch_tokens=256",
+    "micro_batch_size=2",
+    "trainer.log_interval=1",
+    "trainer.eval_interval=2",
+    "trainer.eval_batches=1",
+    "trainer.ckpt_interval=2",
+    "optim.warmup_steps=1",
+]
+
+
+def metrics_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if "loss" in json.loads(line)]
+
+
+def test_driver_runs_reports_skips_finished_runs_and_resumes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "WANDB_MODE"):
+        monkeypatch.delenv(key, raising=False)
+    reproduce = load_script("reproduce")
+    out = tmp_path / "out"
+    base = ["context-length", "--scale", "tiny", "--data", "synthetic", "--out", str(out)]
+    base += ["--only", "*-ctx64", "*-ctx128", *SMOKE]
+    assert reproduce.main([*base, "trainer.max_steps=2"]) == 0
+    first = capsys.readouterr().out
+    assert first.count(": new") == 2 and "report:" in first
+    runs = {ctx: out / "runs" / f"context-length-tiny-synthetic-ctx{ctx}" for ctx in (64, 128)}
+    for run_dir in runs.values():
+        assert metrics_steps(run_dir) == [1, 2]
+        assert (run_dir / ".hydra" / "config.yaml").is_file()
+    report = (out / "context-length.md").read_text()
+    assert "| `context-length-tiny-synthetic-ctx64` | tiny | done | 2/2 | 512 |" in report
+    assert "Tokens per optimizer step: 256 at every context length." in report
+    assert (out / "context-length-loss.png").stat().st_size > 10_000
+
+    # Again: both runs are finished, nothing runs, nothing is appended.
+    before = {ctx: (d / "metrics.jsonl").read_text() for ctx, d in runs.items()}
+    assert reproduce.main([*base, "trainer.max_steps=2"]) == 0
+    second = capsys.readouterr().out
+    assert second.count(": finished at step 2") == 2 and "running" not in second
+    assert before == {ctx: (d / "metrics.jsonl").read_text() for ctx, d in runs.items()}
+
+    # Longer: the runs are partial and continue from their step-2 checkpoints.
+    assert reproduce.main([*base, "trainer.max_steps=4", "--only", "*-ctx64"]) == 0
+    third = capsys.readouterr().out
+    assert ": partial at step 2" in third
+    assert metrics_steps(runs[64]) == [1, 2, 3, 4]
+    assert "resumed from" in (runs[64] / "train.log").read_text()
+    launches = json.loads((runs[64] / "reproduce.json").read_text())["launches"]
+    assert [x["exit_code"] for x in launches] == [0, 0]
+    assert "trainer.max_steps=4" in launches[-1]["command"]
+    assert (
+        "| `context-length-tiny-synthetic-ctx64` | tiny | done | 4/4 |"
+        in (out / "context-length.md").read_text()
+    )
+
+
+def test_driver_runs_the_kernel_benchmark(tmp_path, capsys, monkeypatch):
+    """speed-memory's benchmark run: on a CPU, bench_attention.py writes tile counts."""
+    monkeypatch.delenv("RANK", raising=False)
+    reproduce = load_script("reproduce")
+    args = ["speed-memory", "--scale", "tiny", "--out", str(tmp_path), "--only", "*-kernels"]
+    assert reproduce.main(args) == 0
+    capsys.readouterr()
+    report = (tmp_path / "speed-memory.md").read_text()
+    expected = "tile counts" if not torch_cuda() else "dense sweep"
+    assert expected in report.lower()
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
