@@ -43,6 +43,13 @@ def _corrupt_cache(tmp_path, monkeypatch):
     return over, "TokenCacheError"
 
 
+def _bad_checkpoint(tmp_path, monkeypatch):
+    folder = tmp_path / "not_a_checkpoint"
+    folder.mkdir()
+    (folder / "meta.json").write_text("{ truncated")
+    return [f"trainer.resume={folder}"], f"checkpoint {folder} is corrupt: cannot read meta.json"
+
+
 CASES = {
     "missing tokenizer files": _missing_tokenizer,
     "corrupt token cache": _corrupt_cache,
@@ -52,6 +59,7 @@ CASES = {
         "model: attention=flash needs head_dim",
     ),
     "negative lr": lambda *_: (["optim.lr=-0.001"], "optim.lr must be > 0, got -0.001"),
+    "bad checkpoint": _bad_checkpoint,
     "unknown key": lambda *_: (["+trainer.max_step=3"], "unknown key 'trainer.max_step'"),
 }
 
