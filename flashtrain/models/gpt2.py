@@ -20,6 +20,7 @@ import math
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from flashtrain.models.attention import AttentionContext
 from flashtrain.models.config import GPT2Config
@@ -86,14 +87,15 @@ class GPT2(TransformerModel):
             )
         h = self.hidden_states(input_ids)  # (B, T, C)
         cfg = self.config
-        loss, num, _ = token_loss(
-            h,
-            labels,
-            self.output_weight(),
-            impl=cfg.loss_impl,
-            chunk_size=cfg.loss_chunk_size,
-            compute_hits=False,  # no accuracy for a language model: skip the argmax
-        )
+        with record_function("flashtrain::loss"):  # a named range for scripts/profile_step.py
+            loss, num, _ = token_loss(
+                h,
+                labels,
+                self.output_weight(),
+                impl=cfg.loss_impl,
+                chunk_size=cfg.loss_chunk_size,
+                compute_hits=False,  # no accuracy for a language model: skip the argmax
+            )
         return ModelOutput(loss=loss, num_targets=num)
 
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:

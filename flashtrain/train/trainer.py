@@ -99,10 +99,11 @@ def host_values(values: torch.Tensor) -> list[float]:
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """A batch's tensors on `device` (non-blocking: pinned on CUDA by the prefetcher); other
     values (max_seqlen) as they are."""
-    return {
-        k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-        for k, v in batch.items()
-    }
+    with record_function("flashtrain::data"):
+        return {
+            k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
 
 
 class Trainer:
