@@ -41,7 +41,13 @@ from flashtrain.bench import measure, report  # noqa: E402
 BUCKETS = ("loss", "matmuls", "attention", "elementwise", "data", "idle")
 STEP_RANGE = "flashtrain::step"
 MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul"}
-MATMUL_OPS |= {"aten::linear", "aten::_addmm_activation", "aten::addbmm"}
+MATMUL_OPS |= {
+    "aten::linear",
+    "aten::_addmm_activation",
+    "aten::addbmm",
+    "aten::addmm_",
+    "aten::baddbmm_",
+}
 TOP_OPS = 5  # the heaviest ops listed per bucket
 
 

@@ -58,34 +58,61 @@ class GPT2(TransformerModel):
     def _lookup_parameters(self) -> int:
         return 0 if self.wpe is None else self.wpe.weight.numel()
 
-    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids (B, T) -> final hidden states (B, T, C) after ln_f."""
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids (B, T) -> final hidden states (B, T, C) after ln_f.
+
+        Document masking (all three from the data pipeline, data/packing.py): the rows' tokens
+        run packed as (B * T, C) through the varlen kernel, each cu_seqlens sequence attending
+        only within itself, at position_ids (B, T) (restarting per document)."""
         batch, seqlen = input_ids.shape
         cfg = self.config
-        x = self.wte(input_ids)  # (B, T, C)
-        pos = torch.arange(seqlen, device=input_ids.device)
+        packed = cu_seqlens is not None
+        if packed and (position_ids is None or max_seqlen is None):
+            raise ValueError("cu_seqlens needs max_seqlen and position_ids (data/packing.py)")
+        if packed:  # (N,) tokens and their positions
+            ids, pos = input_ids.reshape(-1), position_ids.reshape(-1)
+        else:  # (B, T) tokens, positions (T,) shared by the rows
+            ids, pos = input_ids, torch.arange(seqlen, device=input_ids.device)
+        x = self.wte(ids)  # (B, T, C) or (N, C)
         rotary = None
         if self.wpe is not None:
             check_seq_len(seqlen, cfg.max_seq_len)
-            x = x + self.wpe(pos)  # (B, T, C) + (T, C)
+            x = x + self.wpe(pos)  # + (T, C) or (N, C)
         else:
-            cos, sin = rotary_tables(pos, cfg.head_dim, cfg.rotary_base)  # (T, D/2)
-            rotary = (cos[None, :, None, :], sin[None, :, None, :])  # (1, T, 1, D/2)
+            cos, sin = rotary_tables(pos, cfg.head_dim, cfg.rotary_base)  # (T or N, D/2)
+            rotary = (cos[..., None, :], sin[..., None, :])  # (T or N, 1, D/2)
         x = self.drop(x)
-        x = self.run_blocks(x, AttentionContext(causal=self.causal, rotary=rotary))  # (B, T, C)
-        return self.ln_f(x)
+        ctx = AttentionContext(
+            causal=self.causal, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, rotary=rotary
+        )
+        x = self.run_blocks(x, ctx)  # (B, T, C) or (N, C)
+        return self.ln_f(x).view(batch, seqlen, -1)  # (B, T, C)
 
     def output_weight(self) -> torch.Tensor:
         """The head's (vocab_size, C) weight: the token embedding without vocab padding rows."""
         return self.wte.weight[: self.config.vocab_size]
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> ModelOutput:
-        """input_ids (B, T) int64; labels (B, T) int64, the next tokens, -100 = ignore."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """input_ids (B, T) int64; labels (B, T) int64, the next tokens, -100 = ignore;
+        cu_seqlens, max_seqlen, position_ids: document masking (hidden_states)."""
         if labels.shape != input_ids.shape:
             raise ValueError(
                 f"labels {tuple(labels.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
             )
-        h = self.hidden_states(input_ids)  # (B, T, C)
+        h = self.hidden_states(input_ids, cu_seqlens, max_seqlen, position_ids)  # (B, T, C)
         cfg = self.config
         with record_function("flashtrain::loss"):  # a named range for scripts/profile_step.py
             loss, num, _ = token_loss(

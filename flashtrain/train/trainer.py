@@ -214,6 +214,12 @@ class Trainer:
                 world_size=env.world_size,
                 eval_batches=t.eval_batches,
             )
+        if getattr(self.data, "document_masking", False) and cfg.attention.impl != "flash":
+            raise ConfigError(
+                f"data.document_masking=true needs attention=flash (the varlen kernel keeps "
+                f"attention inside each document), not {cfg.attention.impl}; pass "
+                f"data.document_masking=false to attend across documents"
+            )
         bounds = self.data.loss_bounds()
         if bounds and env.is_main:
             log.info("data loss: " + ", ".join(f"{k} {v:.3f}" for k, v in bounds.items()))
