@@ -89,6 +89,9 @@ class LMCorpusConfig(CorpusConfig):
     loader: str = "lm_corpus"
     name: str = "corpus"
     eos_policy: str = "append"  # append: <eos> after every document | none
+    # attention stays inside each EOS-separated document (varlen kernel, positions restart);
+    # needs attention=flash; no effect with eos_policy=none
+    document_masking: bool = True
     streaming: bool = False  # true: read + tokenize on the fly (corpora larger than the disk)
     shuffle_buffer: int = 10000  # streaming: documents in the seeded shuffle buffer
 

@@ -13,14 +13,19 @@ import torch
 from flashtrain.data.config import LMCorpusConfig, cache_root, check_vocab_size
 from flashtrain.data.corpus import open_corpus, prepared_summary
 from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
+from flashtrain.data.packing import document_fields
 from flashtrain.data.sampling import EpochSampler, epoch_rng
 from flashtrain.data.tokenization import build_tokenizer
 
 
-def lm_batch(rows: np.ndarray) -> dict[str, torch.Tensor]:
-    """rows (B, T + 1) token ids -> input_ids (B, T) and labels (B, T) = the next tokens."""
+def lm_batch(rows: np.ndarray, eos_id: int | None = None) -> dict:
+    """rows (B, T + 1) token ids -> input_ids (B, T) and labels (B, T) = the next tokens; with
+    eos_id (document masking), also the documents' cu_seqlens, max_seqlen and position_ids."""
     rows = torch.from_numpy(rows.astype(np.int64))
-    return {"input_ids": rows[:, :-1].contiguous(), "labels": rows[:, 1:].contiguous()}
+    batch = {"input_ids": rows[:, :-1].contiguous(), "labels": rows[:, 1:].contiguous()}
+    if eos_id is not None:
+        batch.update(document_fields(batch["input_ids"], eos_id))
+    return batch
 
 
 def gather_windows(tokens: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:
@@ -38,15 +43,16 @@ def fixed_windows(
     world_size: int,
     max_batches: int | None,
     check_ids=lambda rows: rows,
+    eos_id: int | None = None,
 ) -> EvalBatches:
     """Finite, re-iterable LM batches over the disjoint windows from the start of `tokens`,
     dealt to ranks (same count each); max_batches caps the batches per rank; check_ids(rows)
-    vets each batch's ids (TokenFile.check_ids)."""
+    vets each batch's ids (TokenFile.check_ids); eos_id: document masking (lm_batch)."""
     mine = eval_items(
         len(tokens) // window, rank, world_size, f"validation ({window}-token windows)"
     )
     return EvalBatches(
-        lambda items: lm_batch(check_ids(gather_windows(tokens, items * window, window))),
+        lambda items: lm_batch(check_ids(gather_windows(tokens, items * window, window)), eos_id),
         mine,
         micro_batch_size,
         max_batches,
@@ -65,6 +71,10 @@ class TokenCacheLM(SampledDataModule):
         self.tokenizer = build_tokenizer(cfg, cache_root(cfg))
         self.vocab_size = check_vocab_size(cfg, self.tokenizer.vocab_size, self.tokenizer.name)
         self.eos_id = self.tokenizer.eos_id
+        # document masking: cut the windows at EOS (only where the corpus has EOS separators)
+        self.document_masking = bool(
+            cfg.document_masking and cfg.eos_policy == "append" and self.eos_id is not None
+        )
         self.splits = open_corpus(
             cfg, self.tokenizer, eos_policy=cfg.eos_policy, progress=self.rank == 0
         )
@@ -101,7 +111,7 @@ class TokenCacheLM(SampledDataModule):
         shifts = np.array([self.shift(int(e)) for e in epochs], dtype=np.int64)
         starts = shifts + items * self.window
         rows = gather_windows(self.train_tokens, starts, self.window)
-        return lm_batch(self.splits["train"].check_ids(rows))
+        return lm_batch(self.splits["train"].check_ids(rows), self.masking_eos_id)
 
     def val_batches(self):
         return fixed_windows(
@@ -112,4 +122,10 @@ class TokenCacheLM(SampledDataModule):
             self.world_size,
             self.eval_batches,
             self.splits["validation"].check_ids,
+            self.masking_eos_id,
         )
+
+    @property
+    def masking_eos_id(self) -> int | None:
+        """The EOS id batches are cut at (data.document_masking), or None."""
+        return self.eos_id if self.document_masking else None

@@ -37,6 +37,8 @@ class StreamingLM(DataModule):
             raise ValueError(f"tokenizer '{self.tokenizer.name}' has no EOS to join documents with")
         self.vocab_size = check_vocab_size(cfg, self.tokenizer.vocab_size, self.tokenizer.name)
         self.eos_id = self.tokenizer.eos_id
+        self.document_masking = cfg.document_masking  # documents are always EOS-separated here
+        self.masking_eos_id = self.eos_id if self.document_masking else None
         self.window = self.seq_len + 1
         self.has_val_split = load_split(cfg, "validation", streaming=True) is not None
         if not self.has_val_split and self.eval_batches is None:
@@ -111,7 +113,7 @@ class StreamingLM(DataModule):
                 if len(self.pending) >= needed:
                     rows = self.pending[:needed].reshape(self.micro_batch_size, self.window)
                     self.pending = self.pending[needed:]
-                    yield lm_batch(rows)
+                    yield lm_batch(rows, self.masking_eos_id)
             if self.docs_read == 0:
                 raise ValueError("the training stream of this rank holds no documents")
             self.epoch, self.docs_read = self.epoch + 1, 0
@@ -129,6 +131,7 @@ class StreamingLM(DataModule):
                 self.rank,
                 self.world_size,
                 self.eval_batches,
+                eos_id=self.masking_eos_id,
             )
         return self._val
 

@@ -20,6 +20,7 @@ import math
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from flashtrain.models.attention import AttentionContext
 from flashtrain.models.config import GPT2Config
@@ -58,23 +59,44 @@ class GPT2(TransformerModel):
         return 0 if self.wpe is None else self.wpe.weight.numel()
 
     def hidden_states(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids (B, T) -> final hidden states (B, T, C) after ln_f. position_ids (B, T):
-        the tokens' global positions (a context-parallel shard's); None: 0..T-1."""
+        """input_ids (B, T) -> final hidden states (B, T, C) after ln_f.
+
+        position_ids (B, T) int64: the tokens' positions when they are not 0..T-1 (a
+        context-parallel shard's global positions, or positions restarting per document).
+        Document masking (all three from the data pipeline, data/packing.py): the rows' tokens
+        run packed as (B * T, C) through the varlen kernel, each cu_seqlens sequence attending
+        only within itself."""
+        batch, seqlen = input_ids.shape
         cfg = self.config
-        x = self.wte(input_ids)  # (B, T, C)
+        packed = cu_seqlens is not None
+        if packed and (position_ids is None or max_seqlen is None):
+            raise ValueError("cu_seqlens needs max_seqlen and position_ids (data/packing.py)")
         table_len = cfg.max_seq_len if self.wpe is not None else None
         pos = token_positions(input_ids, position_ids, table_len)  # (B, T) or (1, T)
+        ids = input_ids
+        if packed:  # (N,) tokens and their positions
+            ids, pos = input_ids.reshape(-1), pos.reshape(-1)
+        x = self.wte(ids)  # (B, T, C) or (N, C)
         rotary = None
         if self.wpe is not None:
-            x = x + self.wpe(pos)  # (B, T, C) + (B or 1, T, C)
+            x = x + self.wpe(pos)  # + (B or 1, T, C) or (N, C)
         else:
-            cos, sin = rotary_tables(pos, cfg.head_dim, cfg.rotary_base)  # (B or 1, T, D/2)
-            rotary = (cos[:, :, None, :], sin[:, :, None, :])  # (B or 1, T, 1, D/2)
+            cos, sin = rotary_tables(
+                pos, cfg.head_dim, cfg.rotary_base
+            )  # (B or 1, T, D/2) or (N, D/2)
+            rotary = (cos[..., None, :], sin[..., None, :])  # (..., 1, D/2)
         x = self.drop(x)
-        x = self.run_blocks(x, AttentionContext(causal=self.causal, rotary=rotary))  # (B, T, C)
-        return self.ln_f(x)
+        ctx = AttentionContext(
+            causal=self.causal, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, rotary=rotary
+        )
+        x = self.run_blocks(x, ctx)  # (B, T, C) or (N, C)
+        return self.ln_f(x).view(batch, seqlen, -1)  # (B, T, C)
 
     def output_weight(self) -> torch.Tensor:
         """The head's (vocab_size, C) weight: the token embedding without vocab padding rows."""
@@ -84,24 +106,27 @@ class GPT2(TransformerModel):
         self,
         input_ids: torch.Tensor,
         labels: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T) int64; labels (B, T) int64, the next tokens, -100 = ignore;
-        position_ids (B, T) int64 or None (see hidden_states)."""
+        cu_seqlens, max_seqlen, position_ids: see hidden_states."""
         if labels.shape != input_ids.shape:
             raise ValueError(
                 f"labels {tuple(labels.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
             )
-        h = self.hidden_states(input_ids, position_ids)  # (B, T, C)
+        h = self.hidden_states(input_ids, cu_seqlens, max_seqlen, position_ids)  # (B, T, C)
         cfg = self.config
-        loss, num, _ = token_loss(
-            h,
-            labels,
-            self.output_weight(),
-            impl=cfg.loss_impl,
-            chunk_size=cfg.loss_chunk_size,
-            compute_hits=False,  # no accuracy for a language model: skip the argmax
-        )
+        with record_function("flashtrain::loss"):  # a named range for scripts/profile_step.py
+            loss, num, _ = token_loss(
+                h,
+                labels,
+                self.output_weight(),
+                impl=cfg.loss_impl,
+                chunk_size=cfg.loss_chunk_size,
+                compute_hits=False,  # no accuracy for a language model: skip the argmax
+            )
         return ModelOutput(loss=loss, num_targets=num)
 
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:

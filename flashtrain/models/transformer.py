@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from flashtrain.models.attention import Attention, AttentionContext, build_attention
 from flashtrain.models.config import TransformerConfig
 from flashtrain.models.positions import apply_rotary, resize_position_tables
+from flashtrain.models.qkv import split_qkv_projection
 
 
 @dataclass
@@ -46,8 +47,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         lead = x.shape[:-1]  # (B, T) padded or (N,) packed
-        qkv = self.c_attn(x).view(*lead, 3, self.n_head, self.head_dim)  # (B, T, 3, H, D)
-        q, k, v = qkv.unbind(dim=-3)  # (B, T, H, D) each
+        # views of one (B, T, 3, H, D) projection; its backward stacks no gradients (qkv.py)
+        q, k, v = split_qkv_projection(x, self.c_attn.weight, self.c_attn.bias, self.n_head)
         if ctx.rotary is not None:
             cos, sin = ctx.rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -59,7 +59,8 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:<i>   (torchrun: cuda:<LOCAL_RANK>)
     strategy: str = "auto"  # auto (ddp under torchrun, else single) | single | ddp | fsdp
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
-    compile: bool = False  # torch.compile each transformer block (model.blocks)
+    compile: bool | str = "auto"  # torch.compile each block: auto (CUDA yes, CPU no) | true | false
+    prefetch_steps: int = 2  # steps of micro-batches prepared ahead on a thread; 0 = in the loop
     grad_clip: float | None = 1.0  # max global grad norm; null or 0 = no clipping
     log_interval: int = 10
     eval_interval: int = 50  # 0 = only at the end
@@ -70,6 +71,7 @@ class TrainerConfig:
     keep_last: int = 3  # checkpoints kept on disk (0 = keep all)
     ckpt_dir: str | None = None  # null = <run dir>/checkpoints
     resume: str | None = None  # null | auto (newest in ckpt_dir, if any) | <checkpoint or folder>
+    allow_schedule_change: bool = False  # resume although the lr schedule changed (README)
     on_nonfinite: str = "stop"  # NaN/inf loss: stop (naming the step) | skip (drop the update)
     max_skipped_steps: int = 10  # with skip: stop after this many in a row
     progress: str = "auto"  # auto (a bar on a terminal, lines otherwise) | bar | lines | none
@@ -92,8 +94,21 @@ class TrainerConfig:
         check_choice(self.on_nonfinite, ("stop", "skip"), "trainer.on_nonfinite")
         check_choice(self.progress, ("auto", "bar", "lines", "none"), "trainer.progress")
         check_choice(self.cp_layout, LAYOUTS, "trainer.cp_layout")
+        if isinstance(self.compile, str):  # a YAML / command-line bool arrives as a bool
+            self.compile = {"true": True, "false": False}.get(self.compile.lower(), self.compile)
+            if self.compile != "auto" and not isinstance(self.compile, bool):
+                raise ValueError(f"trainer.compile={self.compile!r}; allowed: auto, true, false")
         _at_least(self, 1, "trainer", "log_interval", "context_parallel")
-        _at_least(self, 0, "trainer", "max_steps", "eval_interval", "ckpt_interval", "keep_last")
+        _at_least(
+            self,
+            0,
+            "trainer",
+            "max_steps",
+            "eval_interval",
+            "ckpt_interval",
+            "keep_last",
+            "prefetch_steps",
+        )
         if self.eval_batches is not None:
             _at_least(self, 1, "trainer", "eval_batches")
 
@@ -116,8 +131,16 @@ class OptimConfig:
     def __post_init__(self):
         check_choice(self.name, ("adamw",), "optim.name")
         check_choice(self.schedule, ("cosine", "linear", "constant"), "optim.schedule")
-        if len(self.betas) != 2:
-            raise ValueError(f"optim.betas must have two values, got {list(self.betas)}")
+        if not self.lr > 0.0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optim.betas must be two values in [0, 1), got {list(self.betas)}")
+        if not self.eps > 0.0:
+            raise ValueError(f"optim.eps must be > 0, got {self.eps}")
+        if self.weight_decay < 0.0:
+            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.decay_steps is not None and self.decay_steps < 0:
+            raise ValueError(f"optim.decay_steps must be >= 0 or null, got {self.decay_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         _at_least(self, 0, "optim", "warmup_steps")

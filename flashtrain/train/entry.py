@@ -1,5 +1,10 @@
 """train.py's entry point: Hydra's run directory and group choices in, the Trainer run, and
-expected failures turned into a message and an exit code a scheduler can act on."""
+expected failures turned into a message and an exit code a scheduler can act on.
+
+Exit codes: 0 done; 2 a user error (flashtrain/train/errors.py: one message, the traceback only
+with HYDRA_FULL_ERROR=1); 3 a non-finite loss; 143 pre-empted (SIGTERM: checkpoint written);
+1 a crash (a traceback, as Hydra prints it).
+"""
 
 from __future__ import annotations
 
@@ -7,41 +12,65 @@ import contextlib
 import datetime
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
-from omegaconf.errors import OmegaConfBaseException
-
-from flashtrain.train import checkpoint as ckpt
-from flashtrain.train.config import ConfigError
+from flashtrain.train.errors import USER_ERRORS, describe
 from flashtrain.train.faults import NonFiniteLossError, Preempted
 from flashtrain.train.trainer import Trainer, ensure_logging, log
 from flashtrain.typed_config import describe_unknown_key
 
-EXIT_CONFIG = 2
+EXIT_USER_ERROR = 2
 EXIT_NONFINITE = 3
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a terminated job
+
+FULL_ERROR = "HYDRA_FULL_ERROR"
+_full_error_set_here = False  # config_errors_explained set HYDRA_FULL_ERROR, not the user
 
 
 def main(cfg: Any) -> None:
     """Entry point for train.py: run, and turn expected failures into a message and exit code."""
+    _give_hydra_error_reporting_back()
     try:
         run(cfg)
-    except (ConfigError, ckpt.CheckpointError, OmegaConfBaseException) as e:
-        _report_error(f"{type(e).__name__}: {e}")
-        raise SystemExit(EXIT_CONFIG) from None
+    except USER_ERRORS as e:
+        _report_user_error(e)
+        raise SystemExit(EXIT_USER_ERROR) from None
     except NonFiniteLossError as e:
-        _report_error(str(e))
+        _report_user_error(e)
         raise SystemExit(EXIT_NONFINITE) from None
     except Preempted as e:
-        log.warning("%s", e)
+        _report_preempted(e)
         raise SystemExit(EXIT_PREEMPTED) from None
 
 
-def _report_error(msg: str) -> None:
+def _wants_traceback() -> bool:
+    return os.environ.get(FULL_ERROR) == "1"
+
+
+def _report_user_error(error: BaseException) -> None:
     if os.environ.get("RANK", "0") == "0":
         ensure_logging()
-        log.error("%s", msg)
+        log.error("%s", describe(error), exc_info=error if _wants_traceback() else None)
+
+
+def _report_preempted(error: Preempted) -> None:
+    """Every rank says how it ended: under torchrun the launcher's own exit code is 1 whatever
+    its ranks returned, so these lines are how a pre-emption is told from a failure."""
+    ensure_logging()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = f"rank {os.environ.get('RANK', '0')}/{world}: " if world > 1 else ""
+    # Rank 0 logs at INFO and the others at WARNING (Trainer): WARNING reaches every rank's log.
+    log.warning(
+        "%spre-empted at step %d, checkpoint %s written, exit %d",
+        rank,
+        error.step,
+        error.ckpt,
+        EXIT_PREEMPTED,
+    )
+    if os.environ.get("RANK", "0") == "0":  # how to continue, once
+        log.warning("%s", error)
 
 
 def run(cfg: Any, run_dir: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -87,29 +116,41 @@ def hydra_choices() -> dict[str, str]:
     return {k: str(v) for k, v in choices.items() if not k.startswith("hydra/")}
 
 
+def _give_hydra_error_reporting_back() -> None:
+    """config_errors_explained sets HYDRA_FULL_ERROR=1 so that errors while Hydra composes reach
+    it; from the task function on, the user's setting holds again, so a crash gets Hydra's own
+    report (a traceback, and the full one only when the user set HYDRA_FULL_ERROR=1)."""
+    global _full_error_set_here
+    if _full_error_set_here:
+        os.environ.pop(FULL_ERROR, None)
+        _full_error_set_here = False
+
+
 @contextlib.contextmanager
 def config_errors_explained():
     """Around a @hydra.main function: a config that fails while Hydra composes it (a misspelled
-    key in a YAML file or an override) exits with Hydra's message plus the allowed keys.
+    key in a YAML file or an override, an unknown group option) exits with code 2 and Hydra's
+    message plus the allowed keys; with HYDRA_FULL_ERROR=1 (the user's) the traceback first.
 
-    Hydra reports such errors itself unless HYDRA_FULL_ERROR=1, which this sets (when unset) so
-    that the error reaches here; any other exception propagates with its full traceback."""
-    from hydra.errors import HydraException
-
-    unset = "HYDRA_FULL_ERROR" not in os.environ
-    if unset:
-        os.environ["HYDRA_FULL_ERROR"] = "1"
+    Hydra reports such errors itself (exit 1) unless HYDRA_FULL_ERROR=1, which this sets while
+    composing when the user has not; main() unsets it again before the run starts."""
+    global _full_error_set_here
+    _full_error_set_here = FULL_ERROR not in os.environ
+    user_wants_traceback = _wants_traceback()
+    if _full_error_set_here:
+        os.environ[FULL_ERROR] = "1"
     try:
         yield
-    except (HydraException, OmegaConfBaseException) as e:
+    except USER_ERRORS as e:
+        if user_wants_traceback:
+            traceback.print_exception(e)
         lines = [str(e)]
-        if isinstance(e.__cause__, OmegaConfBaseException):
+        if e.__cause__ is not None and isinstance(e.__cause__, USER_ERRORS):
             lines.append(str(e.__cause__))
         hint = describe_unknown_key(e)
         if hint:
             lines.append(hint)
         print("\n".join(lines), file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(EXIT_USER_ERROR) from None
     finally:
-        if unset:
-            os.environ.pop("HYDRA_FULL_ERROR", None)
+        _give_hydra_error_reporting_back()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 class IntervalStats:
     def __init__(self) -> None:
+        self.flushed_updates = 0  # updates the last flush's loss averages
         self.lr = float("nan")
         self.grad_norm = float("nan")
         self._reset()
@@ -28,6 +29,7 @@ class IntervalStats:
         """{loss, lr, grad_norm} when an update was made, {accuracy} when targets were scored;
         then starts the next interval."""
         metrics: dict[str, float] = {}
+        self.flushed_updates = self.updates
         if self.updates:
             metrics["loss"] = self.loss_sum / self.updates
             metrics["lr"] = self.lr

@@ -8,6 +8,7 @@ Tied weights appear once (nn.Module.named_parameters deduplicates them).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -103,12 +104,47 @@ def lr_factor(
     return min_lr_ratio + (1.0 - min_lr_ratio) * shape
 
 
-def build_scheduler(optimizer, optim_cfg: OptimConfig, max_steps: int):
+def schedule_settings(optim_cfg: OptimConfig, max_steps: int) -> dict[str, Any]:
+    """Everything that decides the learning rate at each step (saved with every checkpoint, so
+    a resumed run can tell when it would follow a different schedule)."""
     decay_steps = optim_cfg.decay_steps if optim_cfg.decay_steps is not None else max_steps
-    kw = dict(
-        warmup_steps=int(optim_cfg.warmup_steps),
-        decay_steps=int(decay_steps),
-        schedule=optim_cfg.schedule,
-        min_lr_ratio=float(optim_cfg.min_lr_ratio),
-    )
+    return {
+        "lr": float(optim_cfg.lr),
+        "schedule": optim_cfg.schedule,
+        "warmup_steps": int(optim_cfg.warmup_steps),
+        "decay_steps": int(decay_steps),
+        "min_lr_ratio": float(optim_cfg.min_lr_ratio),
+    }
+
+
+def build_scheduler(optimizer, optim_cfg: OptimConfig, max_steps: int):
+    kw = schedule_settings(optim_cfg, max_steps)
+    kw.pop("lr")  # the optimizer's param groups hold it
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, **kw))
+
+
+def describe_schedule_changes(saved: dict, current: dict, decay_steps_set: bool) -> list[str]:
+    """One phrase per setting that differs, named by the config key a user changes:
+    decay_steps is trainer.max_steps's when optim.decay_steps is null."""
+    changes = []
+    for key in current:
+        if key in saved and saved[key] != current[key]:
+            name = f"optim.{key}"
+            if key == "decay_steps" and not decay_steps_set:
+                name = "trainer.max_steps (optim.decay_steps is null, so the decay ends there)"
+            changes.append(f"{name}: {saved[key]} -> {current[key]}")
+    return changes
+
+
+def follow_schedule_from(scheduler, step: int, lr: float) -> None:
+    """Make the scheduler's (new) schedule hold from `step` on, as if the run had followed it
+    from the start: base lr `lr`, and the lr of the next update = lr * the new factor at `step`.
+    (A loaded scheduler otherwise keeps the saved base lr and the optimizer the saved lr.)"""
+    optimizer = scheduler.optimizer
+    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
+    scheduler.last_epoch = step
+    lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, value in zip(optimizer.param_groups, lrs):
+        group["initial_lr"] = lr
+        group["lr"] = value
+    scheduler._last_lr = lrs  # what get_last_lr() reports, as LambdaLR.step() would set it

@@ -40,9 +40,18 @@ def _terminal_columns(stream) -> int:
         return 0
 
 
-# (metric key, label, formatter) in the order a progress line shows them.
+def loss_label(steps: int) -> str:
+    """What a progress line's loss is: metrics' `loss` is the mean over the interval's updates."""
+    return "train/loss (last step)" if steps == 1 else f"train/loss (mean of last {steps} steps)"
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """`name value` pairs for one-off lines (evaluation, the end of a run)."""
+    return "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+
+
+# (metric key, label, formatter) in the order a progress line shows them after the loss.
 LINE_FIELDS = (
-    ("loss", "loss", lambda x: f"{x:.4f}"),
     ("lr", "lr", lambda x: f"{x:.3e}"),
     ("grad_norm", "grad_norm", lambda x: f"{x:.3f}"),
     ("tokens_per_s", "tokens/s", lambda x: format_count(x)),
@@ -51,9 +60,14 @@ LINE_FIELDS = (
 )
 
 
-def format_line(step: int, max_steps: int, metrics: dict[str, Any], eta: float | None) -> str:
+def format_line(
+    step: int, max_steps: int, metrics: dict[str, Any], eta: float | None, loss_steps: int = 1
+) -> str:
+    """loss_steps: how many updates metrics["loss"] averages (it is named accordingly)."""
     width = len(str(max_steps))
     parts = [f"step {step:>{width}}/{max_steps}"]
+    if "loss" in metrics:
+        parts.append(f"{loss_label(loss_steps)} {metrics['loss']:.4f}")
     parts += [f"{label} {fmt(metrics[key])}" for key, label, fmt in LINE_FIELDS if key in metrics]
     mem = peak_memory_gib(metrics)
     if mem is not None:
@@ -103,15 +117,17 @@ class Progress:
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
 
-    def interval(self, step: int, metrics: dict[str, Any], eta: float | None) -> str:
+    def interval(
+        self, step: int, metrics: dict[str, Any], eta: float | None, loss_steps: int = 1
+    ) -> str:
         """Report an interval's metrics: a log line (off the terminal while the bar runs)."""
-        line = format_line(step, self.total, metrics, eta)
+        line = format_line(step, self.total, metrics, eta, loss_steps)
         if self.mode == "off":
             return line
         if self.bar is not None:
             post = {}
-            if "loss" in metrics:
-                post["loss"] = f"{metrics['loss']:.4f}"
+            if "loss" in metrics:  # the interval's mean, as in the log line
+                post["loss_mean"] = f"{metrics['loss']:.4f}"
             if "lr" in metrics:
                 post["lr"] = f"{metrics['lr']:.2e}"
             if "tokens_per_s" in metrics:

@@ -9,6 +9,7 @@ two processes therefore matches one process with the same global batch.
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import gc
 import logging
@@ -17,11 +18,13 @@ import os
 import random
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from flashtrain.data import build_data
 from flashtrain.train import checkpoint as ckpt
@@ -46,6 +49,7 @@ from flashtrain.train.distributed import (
     unwrap,
     wrap_model,
 )
+from flashtrain.train.errors import from_config
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
 from flashtrain.train.interval import IntervalStats
 from flashtrain.train.loggers import Loggers, build_loggers, git_commit
@@ -58,8 +62,15 @@ from flashtrain.train.metrics import (
     measure_matmul_flops,
     memory_metrics,
 )
-from flashtrain.train.optim import build_optimizer, build_scheduler
-from flashtrain.train.progress import Progress
+from flashtrain.train.optim import (
+    build_optimizer,
+    build_scheduler,
+    describe_schedule_changes,
+    follow_schedule_from,
+    schedule_settings,
+)
+from flashtrain.train.prefetch import StepPrefetcher
+from flashtrain.train.progress import Progress, format_metrics
 
 log = logging.getLogger("flashtrain")
 
@@ -79,9 +90,20 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def count_targets(batch: dict[str, torch.Tensor]) -> int:
-    """Targets a batch contributes to the loss: labels other than -100."""
-    return int((batch["labels"] != -100).sum())
+def host_values(values: torch.Tensor) -> list[float]:
+    """The one device-to-host copy of a training step (everything the host needs from it).
+    Nothing else in a step waits for the device; tests count the calls of this function."""
+    return values.tolist()
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A batch's tensors on `device` (non-blocking: pinned on CUDA by the prefetcher); other
+    values (max_seqlen) as they are."""
+    with record_function("flashtrain::data"):
+        return {
+            k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
 
 
 class Trainer:
@@ -131,6 +153,9 @@ class Trainer:
         self.history: list[tuple[int, float]] = []
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.interval = IntervalStats()
+        self.dry_run = t.max_steps == 0
+        self.prefetcher: StepPrefetcher | None = None
+        self.data_state: dict | None = None  # the stream position after the batches consumed
 
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -141,25 +166,12 @@ class Trainer:
 
         # Same seed on every rank: identical initial weights (FSDP2 shards them in place).
         set_seed(cfg.seed)
-        model = self.cp.build_model(cfg.model, cfg.attention)  # ring attention when cp > 1
+        # A dry run (max_steps=0) builds the model on the meta device: counts without weights.
+        meta = torch.device("meta") if self.dry_run else contextlib.nullcontext()
+        with from_config("model"), meta:
+            model = self.cp.build_model(cfg.model, cfg.attention)  # ring attention when cp > 1
         self.num_params = int(model.num_parameters())
         self.flops_per_token = float(model.estimate_flops_per_token(cfg.seq_len))
-        model.to(env.device)
-        if t.compile:
-            for block in model.blocks:
-                block.compile()
-        self.model = wrap_model(
-            model,
-            self.strategy,
-            env,
-            precision=self.precision,
-            trainer_cfg=t,
-            mesh=self.cp.gradient_mesh,
-        )
-        self.raw_model = unwrap(self.model)
-        self.optimizer = build_optimizer(self.model, cfg.optim, env.device)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.max_steps)
-        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         matmul_flops = measure_matmul_flops(env.device) if env.device.type == "cpu" else None
         self.peak: PeakFlops = device_peak_flops(
             env.device, self.precision, t.peak_flops, measured=matmul_flops
@@ -171,23 +183,58 @@ class Trainer:
             if matmul_flops is not None
             else None
         )
-        self._print_summary()
-        if self.cpu_step_estimate is not None and t.max_steps > 0 and not t.allow_slow_cpu:
+        self.compile_blocks = (
+            t.compile if isinstance(t.compile, bool) else env.device.type == "cuda"
+        )
+        self._print_summary(model if self.dry_run else None)
+        if self.dry_run:  # nothing more: no weights, no data (no tokenizer, no generation)
+            return
+        if self.cpu_step_estimate is not None and not t.allow_slow_cpu:
             refuse_slow_cpu_run(
                 self.cpu_step_estimate, flops_per_step, t.max_steps, t.cpu_step_time_limit_s
             )
+        model.to(env.device)
+        if self.compile_blocks:
+            for block in model.blocks:
+                block.compile()
+        self.model = wrap_model(
+            model,
+            self.strategy,
+            env,
+            precision=self.precision,
+            trainer_cfg=t,
+            mesh=self.cp.gradient_mesh,
+        )
+        self.raw_model = unwrap(self.model)
+        with from_config("optim"):
+            self.optimizer = build_optimizer(self.model, cfg.optim, env.device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.max_steps)
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         # The data last: preparing it can take long (tokenizing, generating Pathfinder images),
         # which a run refused above should not wait for.
         # Every rank of a context-parallel group reads its group's batches and keeps its shard.
-        data = build_data(
-            cfg.data,
-            seq_len=cfg.seq_len,
-            micro_batch_size=cfg.micro_batch_size,
-            seed=cfg.seed,
-            rank=self.cp.dp_rank,
-            world_size=self.cp.dp_size,
-            eval_batches=t.eval_batches,
-        )
+        with from_config(f"data '{cfg.data.name}'"):
+            data = build_data(
+                cfg.data,
+                seq_len=cfg.seq_len,
+                micro_batch_size=cfg.micro_batch_size,
+                seed=cfg.seed,
+                rank=self.cp.dp_rank,
+                world_size=self.cp.dp_size,
+                eval_batches=t.eval_batches,
+            )
+        if getattr(data, "document_masking", False):
+            if cfg.attention.impl != "flash":
+                raise ConfigError(
+                    f"data.document_masking=true needs attention=flash (the varlen kernel keeps "
+                    f"attention inside each document), not {cfg.attention.impl}; pass "
+                    f"data.document_masking=false to attend across documents"
+                )
+            if self.cp.enabled:
+                raise ConfigError(
+                    f"trainer.context_parallel={self.cp.size} splits whole sequences and cannot "
+                    f"split packed documents: pass data.document_masking=false"
+                )
         self.data = self.cp.shard_data(data)
         bounds = self.data.loss_bounds()
         if bounds and env.is_main:
@@ -222,11 +269,15 @@ class Trainer:
         data = self.choices.get("data") or self.cfg.data.name
         return f"{model}-{data}-{self.cfg.seq_len}"
 
-    def _print_summary(self) -> None:
+    def _print_summary(self, model: torch.nn.Module | None = None) -> None:
+        """The resolved config, the model (when given: a dry run), sizes, FLOPs and the batch
+        plan; everything here is known before any data is touched."""
         if not self.env.is_main:
             return
         cfg, plan, env, t = self.cfg, self.plan, self.env, self.cfg.trainer
         lines = ["resolved config:", config_yaml(cfg).rstrip(), ""]
+        if model is not None:
+            lines += [str(model), ""]
         lines.append(f"run: {self.run_name}  dir: {self.run_dir}")
         lines.append(
             f"model: {cfg.model.arch}  attention: {cfg.attention.impl}  data: {cfg.data.name}  "
@@ -243,7 +294,8 @@ class Trainer:
         threads = f" (threads: {torch.get_num_threads()})" if env.device.type == "cpu" else ""
         lines.append(
             f"device: {env.device}{threads}  strategy: {self.strategy}  precision: "
-            f"{self.precision}  world: {env.world_size}"
+            f"{self.precision}  world: {env.world_size}  compiled blocks: "
+            f"{'yes' if self.compile_blocks else 'no'}"
         )
         peak = f"{format_count(self.peak.flops)}FLOP/s" if self.peak.flops else "unknown"
         lines.append(f"peak: {peak} ({self.peak.source})")
@@ -303,7 +355,7 @@ class Trainer:
             )
         self.step = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.scheduler.load_state_dict(state["scheduler"])
+        self._restore_schedule(state, target)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
@@ -311,27 +363,75 @@ class Trainer:
         # a checkpoint resumed elsewhere starts a new wandb run.
         same_run = Path(target).resolve().parent == self.ckpt_root.resolve()
         self.wandb_id = state.get("wandb_id") if same_run else None
-        self.data.load_state_dict(state["data"][self.env.rank])
+        try:
+            self.data.load_state_dict(state["data"][self.env.rank])
+        except ValueError as e:  # the stream cannot continue as this run's data is set up
+            raise ckpt.CheckpointError(f"checkpoint {target}: {e}") from e
         ckpt.set_rng_state(state["rng"][self.env.rank])
         self.last_ckpt = Path(target)
         log.info("resumed from %s at step %d", target, self.step)
 
+    def _restore_schedule(self, state: dict, target: str) -> None:
+        """The saved lr schedule, unless this run's settings give a different one: then refuse,
+        or with trainer.allow_schedule_change follow the new one from the resumed step on."""
+        cfg = self.cfg
+        self.scheduler.load_state_dict(state["scheduler"])
+        saved = state.get("schedule")  # absent in checkpoints written before it was saved
+        current = schedule_settings(cfg.optim, cfg.trainer.max_steps)
+        if saved is None or saved == current:
+            return
+        pinned = cfg.optim.decay_steps is not None
+        changes = "; ".join(describe_schedule_changes(saved, current, pinned))
+        next_step = self.step + 1
+        if not cfg.trainer.allow_schedule_change:
+            keep = "set them back"
+            if not pinned and saved["decay_steps"] != current["decay_steps"]:
+                keep += (
+                    f" (to train longer on the saved schedule, pin its end: "
+                    f"optim.decay_steps={saved['decay_steps']})"
+                )
+            raise ConfigError(
+                f"resuming {target} with a different learning-rate schedule: {changes}. Every "
+                f"lr from step {next_step} on would change. To keep the saved schedule, {keep}; "
+                f"to follow the new one from step {next_step}, pass "
+                f"trainer.allow_schedule_change=true"
+            )
+        follow_schedule_from(self.scheduler, self.step, current["lr"])
+        log.warning(
+            "trainer.allow_schedule_change: %s; the new schedule holds from step %d "
+            "(lr %.3e), as if the run had followed it from the start",
+            changes,
+            next_step,
+            self.scheduler.get_last_lr()[0],
+        )
+
     # ------------------------------------------------------------------- loop
 
-    def fit(self) -> dict[str, Any]:
-        """Resume (trainer.resume), then train to trainer.max_steps. Returns the summary."""
+    def fit(self, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Resume (trainer.resume), then train to trainer.max_steps. Returns the summary.
+
+        on_step(step): called after each optimizer step (e.g. a profiler's schedule)."""
         t, env = self.cfg.trainer, self.env
-        if t.max_steps == 0:
-            log.info("trainer.max_steps=0: built everything, exiting")
+        if self.dry_run:
+            log.info("trainer.max_steps=0: built the model and the plan (no data), exiting")
             return self._summary()
         self._resume()
-        self.train_iter = iter(self.data.train_batches())
+        self.data_state = copy.deepcopy(self.data.state_dict())
+        self.prefetcher = StepPrefetcher(
+            self.data,
+            self.plan.grad_accum,
+            depth=t.prefetch_steps,
+            pin_memory=env.device.type == "cuda",
+        )
         self._open_outputs()
         preempt = PreemptionHandler()
         start_time = time.perf_counter()
         with preempt:
             while self.step < t.max_steps:
-                stop = self._train_step(preempt)
+                with record_function("flashtrain::step"):
+                    stop = self._train_step(preempt)
+                if on_step is not None:
+                    on_step(self.step)
                 self.progress.step(self.step)
                 done = self.step >= t.max_steps
                 if self.step % t.log_interval == 0 or done or stop:
@@ -352,15 +452,13 @@ class Trainer:
         summary = self._summary()
         summary["elapsed_s"] = elapsed
         if env.is_main:
-            final = f"loss {self.history[-1][1]:.4f}" if self.history else ""
+            last = {"train/loss (last step)": self.history[-1][1]} if self.history else {}
             evals = self.eval_history[-1][1] if self.eval_history else {}
-            ev = "  ".join(f"{k} {v:.4f}" for k, v in evals.items())
             log.info(
-                "done: %d steps in %s  %s  %s  checkpoint %s",
+                "done: %d steps in %s  %s  checkpoint %s",
                 self.step,
                 format_duration(elapsed),
-                final,
-                ev,
+                format_metrics({**last, **evals}),
                 self.last_ckpt,
             )
         return summary
@@ -427,34 +525,37 @@ class Trainer:
             return _fsdp_no_sync(self.model)
         return contextlib.nullcontext()
 
-    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self.env.device.type == "cuda":  # pinned host memory: the copy runs asynchronously
-            return {
-                k: v.pin_memory().to(self.env.device, non_blocking=True) for k, v in batch.items()
-            }
-        return {k: v.to(self.env.device) for k, v in batch.items()}
-
     def _train_step(self, preempt: PreemptionHandler) -> bool:
-        """One optimizer step. Returns True when any rank was asked to stop (SIGTERM)."""
+        """One optimizer step. Returns True when any rank was asked to stop (SIGTERM).
+
+        Nothing here waits for the device but `host_values`, once per step: target counts come
+        from the host (the prefetcher), losses, hits and the stop vote stay on the device."""
         env, t = self.env, self.cfg.trainer
         start = time.perf_counter()
-        batches = [next(self.train_iter) for _ in range(self.plan.grad_accum)]
-        counts = [count_targets(b) for b in batches]
-        totals = torch.tensor([float(sum(counts))], dtype=torch.float64)
-        global_targets = float(all_reduce_sum(totals.to(env.device)).cpu()[0])
+        with record_function("flashtrain::data"):
+            step_input = self.prefetcher.next()
+        self.data_state = step_input.data_state
+        counts = step_input.targets
+        if env.world_size > 1:  # the step's targets over all ranks: a device tensor, no wait
+            local = torch.tensor([float(sum(counts))], dtype=torch.float64)
+            global_targets = all_reduce_sum(local.to(env.device, non_blocking=True))[0]
+        else:
+            global_targets = torch.tensor(float(sum(counts)), dtype=torch.float64)
+            global_targets = global_targets.to(env.device, non_blocking=True)
         self.model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
         correct_sum = torch.zeros((), dtype=torch.float64, device=env.device)
         has_correct = False
         try:
-            for i, batch in enumerate(batches):
-                batch = self._to_device(batch)
-                with self._sync_context(i == len(batches) - 1):
+            for i, batch in enumerate(step_input.batches):
+                batch = to_device(batch, env.device)
+                with self._sync_context(i == len(step_input.batches) - 1):
                     with self._autocast():
                         out = self.model(**batch)
                     n = counts[i]
-                    if n > 0:
-                        loss = out.loss.float() * (n * env.world_size / global_targets)
+                    if n > 0:  # weight: this micro-batch's share of the global step's targets
+                        weight = (n * env.world_size / global_targets).float()
+                        loss = out.loss.float() * weight
                         loss_sum += out.loss.detach().double() * n
                     else:  # keep every rank's backward in step (DDP/FSDP collectives)
                         loss = torch.nan_to_num(out.loss.float()) * 0.0
@@ -466,19 +567,20 @@ class Trainer:
             log.error("%s", oom_advice(self.cfg, env.device, e))
             raise
         # One all-reduce for the step's loss, accuracy and the ranks' stop requests (SIGTERM).
-        stop_vote = torch.tensor(float(preempt.requested), dtype=torch.float64, device=env.device)
+        stop_vote = torch.tensor(float(preempt.requested), dtype=torch.float64)
+        stop_vote = stop_vote.to(env.device, non_blocking=True)
         stats = all_reduce_sum(torch.stack([loss_sum, correct_sum, stop_vote]))
-        mean_loss = stats[0] / max(global_targets, 1.0)
+        mean_loss = stats[0] / global_targets.clamp(min=1.0)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         max_norm = float(t.grad_clip) if t.grad_clip else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        # One device-to-host copy per step for everything the host needs.
-        loss_value, norm_value, correct, stop_votes = torch.stack(
-            [mean_loss, grad_norm.double().to(mean_loss.device), stats[1], stats[2]]
-        ).tolist()
+        # The one device-to-host copy of the step: everything the host needs.
+        loss_value, norm_value, correct, stop_votes, targets = host_values(
+            torch.stack([mean_loss, grad_norm.double().to(env.device), *stats[1:], global_targets])
+        )
         step = self.step + 1  # the 1-based number of the step being taken
         finite = math.isfinite(loss_value) and (
             math.isfinite(norm_value) or self.scaler is not None
@@ -515,7 +617,7 @@ class Trainer:
             self.interval.add_update(loss_value, lr, norm_value)
             self.history.append((step, loss_value))
         if has_correct:
-            self.interval.add_accuracy(correct, global_targets)
+            self.interval.add_accuracy(correct, targets)
         self.step = step
         self.tokens_seen += self.plan.tokens_per_step
         self.throughput.add(time.perf_counter() - start, self.plan.tokens_per_step)
@@ -530,7 +632,7 @@ class Trainer:
             metrics["loss_scale"] = float(self.scaler.get_scale())
         eta = self.throughput.eta_seconds(self.cfg.trainer.max_steps - self.step)
         if self.env.is_main:
-            self.progress.interval(self.step, metrics, eta)
+            self.progress.interval(self.step, metrics, eta, self.interval.flushed_updates)
             self.loggers.log(metrics, self.step)
 
     # ------------------------------------------------------------------- eval
@@ -563,7 +665,7 @@ class Trainer:
                 weight = 1.0
             last_batch = batch
             with self._autocast():
-                out = model(**self._to_device(batch))
+                out = model(**to_device(batch, env.device))
             n = out.num_targets.double() * weight
             if float(n) > 0:
                 sums[0] += out.loss.double() * n
@@ -587,7 +689,7 @@ class Trainer:
             log.info(
                 "eval at step %d: %s",
                 self.step,
-                "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) or "no validation data",
+                format_metrics(metrics) or "no validation data",
             )
             self.loggers.log(metrics, self.step)
         return metrics
@@ -597,13 +699,14 @@ class Trainer:
     def save(self) -> Path:
         env = self.env
         rng = gather_objects(ckpt.rng_state())
-        data = gather_objects(self.data.state_dict())
+        data = gather_objects(self.data_state)
         trainer_state = None
         if env.is_main:
             trainer_state = {
                 "step": self.step,
                 "tokens_seen": self.tokens_seen,
                 "scheduler": self.scheduler.state_dict(),
+                "schedule": schedule_settings(self.cfg.optim, self.cfg.trainer.max_steps),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "rng": rng,
                 "data": data,
@@ -644,7 +747,9 @@ class Trainer:
         # Free the DDP reducer / FSDP state before the process group: were one of them the last
         # owner of the group, its destructor would run later under the GIL while gloo's worker
         # threads wait for the GIL to free finished work, and the process would never exit.
-        for name in ("model", "raw_model", "optimizer", "scheduler", "scaler", "train_iter"):
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        for name in ("model", "raw_model", "optimizer", "scheduler", "scaler", "prefetcher"):
             if hasattr(self, name):
                 setattr(self, name, None)
         gc.collect()

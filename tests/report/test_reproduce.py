@@ -144,7 +144,9 @@ def test_driver_runs_reports_skips_finished_runs_and_resumes(tmp_path, capsys, m
     reproduce = load_script("reproduce")
     out = tmp_path / "out"
     base = ["context-length", "--scale", "tiny", "--data", "synthetic", "--out", str(out)]
-    base += ["--only", "*-ctx64", "*-ctx128", *SMOKE]
+    # the lr schedule pinned to 4 steps: extending the runs below keeps it (a resume that would
+    # change the schedule is refused: trainer.allow_schedule_change)
+    base += ["--only", "*-ctx64", "*-ctx128", *SMOKE, "optim.decay_steps=4"]
     assert reproduce.main([*base, "trainer.max_steps=2"]) == 0
     first = capsys.readouterr().out
     assert first.count(": new") == 2 and "report:" in first

@@ -137,9 +137,9 @@ def test_typos_and_wrong_types_fail_while_hydra_composes(override, match):
 
 
 def test_a_typo_on_the_command_line_names_the_allowed_keys(tmp_path):
-    """train.py adds the schema's keys to Hydra's own message."""
+    """train.py adds the schema's keys to Hydra's own message; a user error exits with 2."""
     res = run_train(["data.num_keyz=3"], cwd=tmp_path, timeout=120)
-    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert "Key 'num_keyz' not in 'SyntheticConfig'" in res.stderr
     assert "allowed keys of data (SyntheticConfig): loader, name, num_keys" in res.stderr
     assert not (tmp_path / "outputs").exists()

@@ -77,8 +77,9 @@ def test_resume_continues_with_exactly_the_same_losses(tmp_path):
     assert resumed["losses"] == full["losses"][4:]
     assert resumed["evals"] == full["evals"][-1:]
 
-    # resume=auto in the same run directory, after a run that stopped at step 4
-    run(_tiny(tmp_path, "trainer.max_steps=4"), tmp_path / "d")
+    # resume=auto in the same run directory, after a run that stopped at step 4 (its schedule
+    # pinned to the full run's: optim.decay_steps)
+    run(_tiny(tmp_path, "trainer.max_steps=4", "optim.decay_steps=8"), tmp_path / "d")
     auto = run(_tiny(tmp_path, "trainer.max_steps=8", "trainer.resume=auto"), tmp_path / "d")
     assert auto["losses"] == full["losses"][4:]
     assert step_losses(tmp_path / "d" / "metrics.jsonl") == dict(full["losses"])

@@ -15,7 +15,7 @@ from config_testing import REPO, compose
 from train_testing import TINY, read_metrics, subprocess_env
 
 import flashtrain.models
-import flashtrain.train.trainer
+import flashtrain.train.context_parallel
 from flashtrain.train import run, validate_config
 from flashtrain.train.checkpoint import find_checkpoints
 from flashtrain.train.entry import EXIT_PREEMPTED
@@ -45,7 +45,7 @@ def _patch_forward(monkeypatch, transform):
         model.forward = patched
         return model
 
-    monkeypatch.setattr(flashtrain.train.trainer, "build_model", build)
+    monkeypatch.setattr(flashtrain.train.context_parallel, "build_model", build)
 
 
 def _nan_at_step(step, accum=2):
@@ -112,7 +112,8 @@ def test_sigterm_in_process_writes_a_checkpoint_and_stops(tmp_path, monkeypatch)
         return out
 
     _patch_forward(monkeypatch, transform)
-    cfg = _tiny(tmp_path, "trainer.max_steps=50", "trainer.ckpt_interval=0")
+    # the schedule pinned to the 5-step run's, which resumes it below
+    cfg = _tiny(tmp_path, "trainer.max_steps=50", "optim.decay_steps=5", "trainer.ckpt_interval=0")
     with pytest.raises(Preempted, match="stopped by SIGTERM after step 3") as err:
         run(cfg, tmp_path / "run")
     assert err.value.step == 3
@@ -144,6 +145,7 @@ def test_sigterm_to_the_command(tmp_path):
     (ckpt,) = find_checkpoints(tmp_path / "out" / "checkpoints")
     assert ckpt.step >= 3 and ckpt.step == read_metrics(metrics)[-1]["step"]
     assert f"stopped by SIGTERM after step {ckpt.step}" in output
+    assert f"pre-empted at step {ckpt.step}, checkpoint {ckpt.path} written, exit 143" in output
     assert "trainer.resume=auto" in output
 
 

@@ -96,7 +96,7 @@ def test_format_line_has_every_metric():
     line = format_line(20, 100, metrics, eta=65)
     for piece in (
         "step  20/100",
-        "loss 2.5000",
+        "train/loss (last step) 2.5000",
         "lr 3.000e-04",
         "grad_norm 0.750",
         "tokens/s 12.35K",
@@ -138,8 +138,8 @@ def test_plain_lines_when_not_a_terminal():
         root.removeHandler(console)
         root.removeHandler(logfile)
         root.setLevel(old)
-    assert "step  5/10 | loss 1.2500" in con.getvalue()
-    assert "loss 1.2500" in fil.getvalue()
+    assert "step  5/10 | train/loss (last step) 1.2500" in con.getvalue()
+    assert "(last step) 1.2500" in fil.getvalue()
 
 
 def test_bar_on_a_terminal_keeps_lines_in_the_log_file_only():
@@ -157,9 +157,9 @@ def test_bar_on_a_terminal_keeps_lines_in_the_log_file_only():
         root.removeHandler(logfile)
         root.setLevel(old)
     drawn = tty.getvalue()
-    assert "5/10" in drawn and "loss=1.2500" in drawn  # the bar, with its postfix
+    assert "5/10" in drawn and "loss_mean=1.2500" in drawn  # the bar, with its postfix
     assert "<" in drawn  # tqdm's elapsed<remaining (ETA)
-    assert "loss 1.2500" in fil.getvalue()  # the plain line reached the log file
+    assert "(last step) 1.2500" in fil.getvalue()  # the plain line reached the log file
     assert "step  5/10 | loss" not in con.getvalue() + drawn  # ... but not the terminal
     assert "eval at step 5" in drawn + con.getvalue()  # other messages still show
 

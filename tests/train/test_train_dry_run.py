@@ -1,0 +1,55 @@
+"""trainer.max_steps=0 is a dry run: the model (built on the meta device), its parameter count,
+FLOPs per token and the batch plan are printed before any data is touched, and the run exits 0
+on a machine without the data (no tokenizer files, no token cache, no Pathfinder images)."""
+
+from __future__ import annotations
+
+import pytest
+from config_testing import compose
+from train_testing import run_train, subprocess_env
+
+from flashtrain.train import run
+
+
+@pytest.fixture
+def no_data_here(tmp_path, monkeypatch):
+    """Every place data, tokenizers or caches are looked up is an empty folder under tmp_path."""
+    for var, folder in (
+        ("FLASHTRAIN_DATA", "data"),
+        ("FLASHTRAIN_TOKENIZERS", "tokenizers"),
+        ("TIKTOKEN_CACHE_DIR", "tiktoken"),
+        ("HF_HOME", "hf"),
+    ):
+        monkeypatch.setenv(var, str(tmp_path / folder))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("preset", ["owt/gpt2s-1k", "bert/large-512", "pathx/flash"])
+def test_dry_run_of_a_preset_touches_no_data(preset, no_data_here, caplog):
+    caplog.set_level("INFO", logger="flashtrain")
+    cfg = compose([f"experiment={preset}", "trainer.max_steps=0", "logger=none"])
+    out = run(cfg, no_data_here / "run")
+    assert out["step"] == 0 and out["params"] > 100_000
+    text = caplog.text
+    for piece in (f"\nparams: {out['params']}\n", "flops/token: ", "batch: ", "(blocks): "):
+        assert piece in text, piece  # the count, FLOPs, the plan and the printed model
+    assert "no data" in text
+    made = sorted(p.name for p in no_data_here.iterdir())
+    assert made == [], made  # no cache, no tokenizer folder, no run directory, no images
+
+
+def test_dry_run_command_exits_0_without_tokenizer_files(no_data_here):
+    res = run_train(
+        ["experiment=owt/gpt2s-1k", "trainer.max_steps=0", "logger=none"],
+        cwd=no_data_here,
+        env=subprocess_env(
+            FLASHTRAIN_DATA=str(no_data_here / "data"),
+            FLASHTRAIN_TOKENIZERS=str(no_data_here / "tokenizers"),
+            TIKTOKEN_CACHE_DIR=str(no_data_here / "tiktoken"),
+        ),
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "params: 124475904" in res.stdout and "Traceback" not in res.stderr
+    assert "batch: 512 seqs x 1024 = 524.29K tokens/step = micro 16 x 1 ranks x 32" in res.stdout

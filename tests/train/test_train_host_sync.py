@@ -1,0 +1,124 @@
+"""A training step waits for the device once: the one copy in `host_values`. Everything else the
+host needs (target counts) comes from the host; losses, weights, the stop vote and the non-finite
+check stay on the device until that copy.
+
+On CPU nothing is a real sync, so the test watches every way flashtrain code reads a tensor's
+value into Python (.item(), .tolist(), bool/int/float of a tensor) during a step; on CUDA,
+torch.cuda.set_sync_debug_mode reports the real synchronisations.
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from config_testing import compose
+from train_testing import TINY
+
+import flashtrain
+import flashtrain.train.trainer as trainer_module
+from flashtrain.train import run
+
+PACKAGE = str(Path(flashtrain.__file__).resolve().parent)
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+THE_COPY = "trainer.py:host_values: return values.tolist()"
+# Reads that are not device syncs: the PyTorch CPU attention route takes the dropout seed as an
+# int (the CUDA route hands the kernels the device tensor).
+CPU_ROUTE_ONLY = ("int(seed)",)
+# A real sync outside this track's files, one per micro-batch: models/loss.py checks the labels'
+# range with bool(tensor.any()) (reported; remove from here once it is gone).
+ELSEWHERE = ("loss.py:_check_head_inputs",)
+
+
+def _line(w: warnings.WarningMessage) -> str:
+    return linecache.getline(w.filename, w.lineno)
+
+
+def _tiny(tmp_path, *extra):
+    return compose(TINY + ["trainer.eval_interval=0", "trainer.ckpt_interval=0", *extra])
+
+
+class _HostReadWatch:
+    """Records (caller file:line, method) for each host read by flashtrain code on the main
+    thread while `active` is set (the prefetch thread's host-side counting is not a sync)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.reads: list[str] = []
+
+    def wrap(self, name, original):
+        def watched(tensor, *args, **kwargs):
+            if self.active and threading.current_thread() is threading.main_thread():
+                frame = sys._getframe(1)
+                code = frame.f_code
+                if str(Path(code.co_filename).resolve()).startswith(PACKAGE):
+                    line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+                    self.reads.append(f"{Path(code.co_filename).name}:{code.co_name}: {line}")
+            return original(tensor, *args, **kwargs)
+
+        return watched
+
+
+def test_a_step_reads_device_values_once(tmp_path, monkeypatch):
+    watch = _HostReadWatch()
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, watch.wrap(name, getattr(torch.Tensor, name)))
+    copies = []
+    host_values = trainer_module.host_values
+    monkeypatch.setattr(
+        trainer_module, "host_values", lambda values: copies.append(1) or host_values(values)
+    )
+    train_step = trainer_module.Trainer._train_step
+
+    def watched_step(self, preempt):
+        watch.active = True
+        try:
+            return train_step(self, preempt)
+        finally:
+            watch.active = False
+
+    monkeypatch.setattr(trainer_module.Trainer, "_train_step", watched_step)
+    out = run(_tiny(tmp_path, "trainer.max_steps=3"), tmp_path / "run")
+    assert out["step"] == 3
+    assert len(copies) == 3  # one per step
+    reads = [
+        r
+        for r in watch.reads
+        if not any(ok in r for ok in CPU_ROUTE_ONLY) and not r.startswith(ELSEWHERE)
+    ]
+    assert reads == [THE_COPY] * 3, watch.reads
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_step_synchronises_once(tmp_path, monkeypatch):
+    """torch's own sync detector: one synchronising call per step (the host_values copy)."""
+    train_step = trainer_module.Trainer._train_step
+    syncs_per_step = []
+
+    def watched_step(self, preempt):
+        if self.step == 0:  # the first step compiles kernels and warms the allocator
+            return train_step(self, preempt)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return train_step(self, preempt)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                syncs = [
+                    w
+                    for w in caught
+                    if "synchroniz" in str(w.message)
+                    and not (Path(w.filename).name == "loss.py" and "any()" in _line(w))
+                ]
+                syncs_per_step.append(len(syncs))
+
+    monkeypatch.setattr(trainer_module.Trainer, "_train_step", watched_step)
+    run(_tiny(tmp_path, "trainer.max_steps=4", "trainer.device=cuda"), tmp_path / "run")
+    assert syncs_per_step == [1, 1, 1], syncs_per_step
