@@ -5,6 +5,7 @@ done in PyTorch in the input's precision, plus a small floor), and dropout's kee
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -94,7 +95,7 @@ def _reference(case: Case, q, k, v, mask, kwargs, upcast: bool, cuts=None):
 
 def check_case(case: Case, device) -> dict:
     """Output and dq/dk/dv errors of ours and of low-precision PyTorch, both vs float32 math."""
-    gen = torch.Generator(device=device).manual_seed(hash(case.name) % 2**31)
+    gen = torch.Generator(device=device).manual_seed(zlib.crc32(case.name.encode()))
     kv_heads = case.heads // 2 if case.kind == "gqa" else case.heads
     shape_q = (case.batch, case.seqlen, case.heads, case.head_dim)
     shape_kv = (case.batch, case.seqlen, kv_heads, case.head_dim)
