@@ -74,8 +74,9 @@ def _table(slug: str) -> dict[str, dict]:
 
 
 def table_entry(kind: str, head_dim: int, dtype: torch.dtype, device: torch.device):
-    """The measured config for this GPU, or None (the built-in rules apply)."""
-    if gpu_capability(device) is None:
+    """The measured config for this GPU, or None (the built-in rules apply; also under the
+    compile check's stand-in GPU, whose tensors live on the CPU)."""
+    if device.type != "cuda" or gpu_capability(device) is None:
         return None
     entry = _table(gpu_slug(torch.cuda.get_device_name(device))).get(table_key(kind, head_dim, dtype))
     return TileConfig(**entry) if entry else None

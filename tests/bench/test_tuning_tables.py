@@ -27,7 +27,7 @@ def test_table_is_read_for_its_gpu(tmp_path, monkeypatch):
     payload = tuning.table_payload("NVIDIA Test GPU 80GB", configs)
     (tmp_path / "nvidia-test-gpu-80gb.json").write_text(json.dumps(payload))
     monkeypatch.setattr(tuning, "TABLES", tmp_path)
-    monkeypatch.setattr(tuning, "gpu_capability", lambda device: (9, 0))
+    monkeypatch.setattr(tuning, "gpu_capability", lambda device: (9, 0))  # what a GPU reports
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Test GPU 80GB")
     tuning._table.cache_clear()
     cuda = torch.device("cuda")
