@@ -14,7 +14,14 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtrain.kernels.common import dot_precision, load_tile, locate_program, seq_strides
+from flashtrain.kernels.common import (
+    dot_precision,
+    heavy_first,
+    load_tile,
+    locate_program,
+    seq_strides,
+    tile_grid,
+)
 from flashtrain.kernels.dropout import seed_args
 from flashtrain.kernels.flash_bwd_dkdv import flash_backward_dkdv_kernel
 from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
@@ -31,7 +38,7 @@ def flash_backward_preprocess(
 ):
     """delta = rowsum(dO * O) in float32, laid out like the lse."""
     pid_m, b, h, q_start, seqlen_q, _, _ = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_Q, seqlen_q_fixed, seqlen_q_fixed, heads_q, IS_VARLEN)
+        CU_SEQLENS_Q, CU_SEQLENS_Q, seqlen_q_fixed, seqlen_q_fixed, heads_q, IS_VARLEN, False)
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
@@ -100,11 +107,12 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
         dq4.copy_(dq_acc.mul_(softmax_scale))
         return
     # dQ holds a query tile of block_n rows and streams keys block_m at a time.
-    flash_backward_dq_kernel[(triton.cdiv(max_seqlen_q, cfg.block_n), batch_heads_q)](
+    heavy = heavy_first(window_left, window_right)
+    flash_backward_dq_kernel[tile_grid(triton.cdiv(max_seqlen_q, cfg.block_n), batch_heads_q, heavy)](
         q4, k4, v4, do4, lse, delta, dq4, cu_q, cu_k, slopes, seed_ptr, *kv_tables,
         *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
         *seq_strides(do4, is_varlen), *seq_strides(dq4, is_varlen),
         *layout.lse_strides, *kv_table_strides,
         max_seqlen_q, max_seqlen_k, layout.heads_q, *scalars,
-        BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m, **constexprs,
+        BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m, HEAVY_FIRST=heavy, **constexprs,
     )

@@ -106,7 +106,7 @@ def flash_backward_dkdv_kernel(
     SEED_IN_MEMORY: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
     pid_n, b, h_kv, q_start, seqlen_q, k_start, seqlen_k = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_kv, IS_VARLEN)
+        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_kv, IS_VARLEN, False)
     n0 = pid_n * BLOCK_N
     if n0 >= seqlen_k:
         return
