@@ -115,5 +115,9 @@ def table_strides(count, index, shared_heads: bool) -> tuple[int, int, int]:
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs get exact fp32 products (no silent TF32); fp16/bf16 use the tensor cores."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """fp32 inputs follow torch.backends.cuda.matmul.allow_tf32 (as torch's own matmuls do):
+    TF32 tensor cores when allowed, exact fp32 products otherwise (torch's default); fp16/bf16
+    use the tensor cores either way (the argument only matters for fp32 operands)."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
