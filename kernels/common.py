@@ -36,14 +36,31 @@ def sequence_bounds(CU_SEQLENS, b, fixed_len, IS_VARLEN: tl.constexpr):
 
 @triton.jit
 def locate_program(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads,
-                   IS_VARLEN: tl.constexpr):
-    """Where this program works, for grids (tiles, batch * heads):
-    (tile, b, head, q_start, seqlen_q, k_start, seqlen_k)."""
-    pid_bh = tl.program_id(1)
+                   IS_VARLEN: tl.constexpr, HEAVY_FIRST: tl.constexpr):
+    """Where this program works: (tile, b, head, q_start, seqlen_q, k_start, seqlen_k).
+    Grids are (tiles, batch * heads), or with HEAVY_FIRST (batch * heads, tiles) walked from the
+    last tile: causal query tiles grow heavier with their index, and the GPU starts blocks in
+    grid order, so the heaviest tiles of every head go first and the light ones fill the tail."""
+    if HEAVY_FIRST:
+        pid_bh = tl.program_id(0)
+        tile = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        pid_bh = tl.program_id(1)
+        tile = tl.program_id(0)
     b = pid_bh // heads
     q_start, seqlen_q = sequence_bounds(CU_SEQLENS_Q, b, seqlen_q_fixed, IS_VARLEN)
     k_start, seqlen_k = sequence_bounds(CU_SEQLENS_K, b, seqlen_k_fixed, IS_VARLEN)
-    return tl.program_id(0), b, pid_bh % heads, q_start, seqlen_q, k_start, seqlen_k
+    return tile, b, pid_bh % heads, q_start, seqlen_q, k_start, seqlen_k
+
+
+def heavy_first(window_left: int, window_right: int) -> bool:
+    """Causal-like bands (unbounded left, bounded right): later query tiles see more keys."""
+    return window_left >= UNBOUNDED and window_right < UNBOUNDED
+
+
+def tile_grid(tiles: int, batch_heads: int, heavy: bool) -> tuple[int, int]:
+    """The launch grid locate_program expects (HEAVY_FIRST=heavy)."""
+    return (batch_heads, tiles) if heavy else (tiles, batch_heads)
 
 
 @triton.jit
@@ -98,5 +115,9 @@ def table_strides(count, index, shared_heads: bool) -> tuple[int, int, int]:
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs get exact fp32 products (no silent TF32); fp16/bf16 use the tensor cores."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """fp32 inputs follow torch.backends.cuda.matmul.allow_tf32 (as torch's own matmuls do):
+    TF32 tensor cores when allowed, exact fp32 products otherwise (torch's default); fp16/bf16
+    use the tensor cores either way (the argument only matters for fp32 operands)."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"

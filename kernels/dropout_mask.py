@@ -24,7 +24,7 @@ def dropout_mask_kernel(
     SEED_IN_MEMORY: tl.constexpr,
 ):
     pid_m, b, h, _, seqlen_q, _, seqlen_k = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads, IS_VARLEN)
+        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads, IS_VARLEN, False)
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return

@@ -1,16 +1,27 @@
 """FlashAttention-2 backward by recomputation: P is rebuilt tile by tile from Q, K and the saved
 log-sum-exp; nothing of size seqlen_q x seqlen_k is ever stored.
 
-Three launches: delta = rowsum(dO * O) (here); dK/dV with a key tile held per program
-(flashtrain.kernels.flash_bwd_dkdv); dQ with a query tile held (flashtrain.kernels.flash_bwd_dq).
-No atomics anywhere, so repeated runs are bitwise identical. Block-sparse launches stream only
-the blocks in the layout's tables (transposed for dK/dV).
+deterministic=True, three launches: delta = rowsum(dO * O) (here); dK/dV with a key tile held
+per program (flashtrain.kernels.flash_bwd_dkdv); dQ with a query tile held
+(flashtrain.kernels.flash_bwd_dq). No atomics anywhere, so repeated runs are bitwise identical.
+deterministic=False: delta, then dK/dV with dQ accumulated by fp32 atomics in the same pass (5
+matmuls per tile instead of 7), then dQ = scale * accumulator in dq's dtype; the order of the
+atomic adds varies, so dQ may differ in the last bits between runs.
+Block-sparse launches stream only the blocks in the layout's tables (transposed for dK/dV).
 """
 
+import torch
 import triton
 import triton.language as tl
 
-from flashtrain.kernels.common import dot_precision, load_tile, locate_program, seq_strides
+from flashtrain.kernels.common import (
+    dot_precision,
+    heavy_first,
+    load_tile,
+    locate_program,
+    seq_strides,
+    tile_grid,
+)
 from flashtrain.kernels.dropout import seed_args
 from flashtrain.kernels.flash_bwd_dkdv import flash_backward_dkdv_kernel
 from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
@@ -27,7 +38,7 @@ def flash_backward_preprocess(
 ):
     """delta = rowsum(dO * O) in float32, laid out like the lse."""
     pid_m, b, h, q_start, seqlen_q, _, _ = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_Q, seqlen_q_fixed, seqlen_q_fixed, heads_q, IS_VARLEN)
+        CU_SEQLENS_Q, CU_SEQLENS_Q, seqlen_q_fixed, seqlen_q_fixed, heads_q, IS_VARLEN, False)
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
@@ -49,8 +60,8 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
                    deterministic=True):
     """Launch the backward; layouts and arguments as flashtrain.kernels.flash_fwd.flash_forward
     (the same seed, softcap and alibi_slopes as the forward). Writes dq, dk, dv.
-    deterministic: only the atomics-free (bitwise repeatable) path exists yet; False is accepted
-    and runs it too."""
+    deterministic: True = the atomics-free, bitwise repeatable path; False = dQ by fp32 atomics
+    inside the dK/dV kernel (faster; extra memory: a float32 copy of dq)."""
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic must be a bool, got {deterministic!r}")
     layout = attention_layout(q, k, lse, cu_seqlens_q, cu_seqlens_k, v, out, dout, dq, dk, dv)
@@ -81,20 +92,27 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     scalars = (window_left, window_right, softmax_scale, *score_scalars, dropout_p, seed_value)
+    atomic_dq = not deterministic
+    # (B, S, Hq, D) float32, zeroed: rows no key reaches keep dQ = 0
+    dq_acc = torch.zeros(dq4.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq4
     flash_backward_dkdv_kernel[(triton.cdiv(max_seqlen_k, cfg.block_n), layout.batch * layout.heads_kv)](
-        q4, k4, v4, do4, lse, delta, dk4, dv4, cu_q, cu_k, slopes, seed_ptr, *q_tables,
+        q4, k4, v4, do4, lse, delta, dk4, dv4, dq_acc, cu_q, cu_k, slopes, seed_ptr, *q_tables,
         *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
         *seq_strides(do4, is_varlen), *seq_strides(dk4, is_varlen), *seq_strides(dv4, is_varlen),
-        *layout.lse_strides, *q_table_strides,
+        *seq_strides(dq_acc, is_varlen), *layout.lse_strides, *q_table_strides,
         max_seqlen_q, max_seqlen_k, layout.heads_kv, *scalars,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **constexprs,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=atomic_dq, **constexprs,
     )
+    if atomic_dq:  # the conversion: dQ = softmax_scale * (dS K), in dq's dtype
+        dq4.copy_(dq_acc.mul_(softmax_scale))
+        return
     # dQ holds a query tile of block_n rows and streams keys block_m at a time.
-    flash_backward_dq_kernel[(triton.cdiv(max_seqlen_q, cfg.block_n), batch_heads_q)](
+    heavy = heavy_first(window_left, window_right)
+    flash_backward_dq_kernel[tile_grid(triton.cdiv(max_seqlen_q, cfg.block_n), batch_heads_q, heavy)](
         q4, k4, v4, do4, lse, delta, dq4, cu_q, cu_k, slopes, seed_ptr, *kv_tables,
         *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
         *seq_strides(do4, is_varlen), *seq_strides(dq4, is_varlen),
         *layout.lse_strides, *kv_table_strides,
         max_seqlen_q, max_seqlen_k, layout.heads_q, *scalars,
-        BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m, **constexprs,
+        BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m, HEAVY_FIRST=heavy, **constexprs,
     )

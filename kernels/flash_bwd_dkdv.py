@@ -1,5 +1,7 @@
 """Backward, dK and dV: a key tile (and its V rows) stays on chip while the query tiles that see
-it stream past, for every query head that shares the kv head (GQA without atomics).
+it stream past, for every query head that shares the kv head (GQA without atomics on dK/dV).
+With ATOMIC_DQ (flash_backward(deterministic=False)) the same pass also adds dS K into a float32
+dQ accumulator with atomics, as FlashAttention-2/3 do: no separate dQ kernel recomputing P.
 
 Tiles are transposed (keys along rows, queries along columns) so dK and dV accumulate as
 (BLOCK_N, BLOCK_D) without a transpose of P. P is recomputed from Q, K and the saved lse with
@@ -18,11 +20,12 @@ from flashtrain.kernels.visit_plan import segment_entries, segment_span, table_r
 
 @triton.jit
 def _dkdv_tile_range(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                     offs_n, start, end, seqlen_q, seqlen_k, band, scores, dropout,
+                     dq_acc, offs_n, start, end, seqlen_q, seqlen_k, band, scores, dropout,
                      MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                      HAS_DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
-    """Stream query tiles [start, end) past the held key tile, accumulating dK and dV."""
+                     BLOCK_M: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """Stream query tiles [start, end) past the held key tile, accumulating dK and dV; with
+    ATOMIC_DQ also dQ += dS K into the fp32 accumulator dq_acc = (base, row stride)."""
     pending = pending_scale(scores, SOFTCAP, ALIBI)
     offs_d = tl.arange(0, BLOCK_D)
     for start_m in range(start, end, BLOCK_M):
@@ -58,45 +61,52 @@ def _dkdv_tile_range(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride
         if SOFTCAP:  # through the cap: d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2
             ds_t = ds_t * (1.0 - capped_t * capped_t)
         dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, input_precision=PRECISION)
+        if ATOMIC_DQ:  # 5 matmuls per tile instead of the dQ kernel's recomputation (7 in all)
+            dq_base, stride_dqm = dq_acc
+            dq_part = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=PRECISION)  # (BLOCK_M, BLOCK_D)
+            dq_mask = do_mask  # the rows and head dims of this query tile that exist
+            tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], dq_part,
+                          mask=dq_mask, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                     offs_n, seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
+                     dq_acc, offs_n, seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
                      SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                     PRECISION: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr):
+                     PRECISION: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
+                     ATOMIC_DQ: tl.constexpr):
     """Run the key tile's visit plan for one query head (flashtrain.kernels.visit_plan)."""
     for seg in tl.static_range(3 - SPARSE):
         for entry in range(segment_entries(tables, at, seg, SPARSE)):
             start, end = segment_span(bounds, tables, at, seg, entry, SPARSE, SPARSE_BLOCK)
             dk, dv = _dkdv_tile_range(
                 dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                offs_n, start, end, seqlen_q, seqlen_k, band, scores, dropout,
+                dq_acc, offs_n, start, end, seqlen_q, seqlen_k, band, scores, dropout,
                 (seg == 0) if SPARSE else (seg != 1), SOFTCAP, ALIBI, HAS_DROPOUT,
-                HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
+                HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ)
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["seed"])
 def flash_backward_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, SEED,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, SEED,
     Q_PARTIAL_COUNT, Q_PARTIAL_INDEX, Q_FULL_COUNT, Q_FULL_INDEX,
     stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
     stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
-    stride_lb, stride_lh, stride_count_h, stride_index_h, stride_index_row,
+    stride_dqab, stride_dqam, stride_dqah, stride_lb, stride_lh, stride_count_h, stride_index_h, stride_index_row,
     seqlen_q_fixed, seqlen_k_fixed, heads_kv, window_left, window_right, softmax_scale,
     scale_log2, softcap_scale, softcap_log2, stride_ab, stride_ah, dropout_p, seed,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    SEED_IN_MEMORY: tl.constexpr,
+    SEED_IN_MEMORY: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
     pid_n, b, h_kv, q_start, seqlen_q, k_start, seqlen_k = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_kv, IS_VARLEN)
+        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_kv, IS_VARLEN, False)
     n0 = pid_n * BLOCK_N
     if n0 >= seqlen_k:
         return
@@ -122,15 +132,16 @@ def flash_backward_dkdv_kernel(
         do_base = DO + b64 * stride_dob + q_row0 * stride_dom + h * stride_doh
         lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
         delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
+        dq_acc = (DQ_ACC + b64 * stride_dqab + q_row0 * stride_dqam + h * stride_dqah, stride_dqam)
         scores = program_scores(scale_log2, softcap_scale, softcap_log2, ALIBI_SLOPES, b, h,
                                 stride_ab, stride_ah, ALIBI)
         dropout = (head_seed(SEED, seed, b, h, heads_q, SEED_IN_MEMORY), dropout_p)
         at = table_row(h, n0 // SPARSE_BLOCK, table_strides)
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-            offs_n, seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
+            dq_acc, offs_n, seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
             SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION,
-            SPARSE, SPARSE_BLOCK)
+            SPARSE, SPARSE_BLOCK, ATOMIC_DQ)
     store_tile(DK + b64 * stride_dkb + k_row0 * stride_dkn + h_kv * stride_dkh, offs_n, stride_dkn,
                seqlen_k, dk * softmax_scale, HEAD_DIM, BLOCK_D)
     store_tile(DV + b64 * stride_dvb + k_row0 * stride_dvn + h_kv * stride_dvh, offs_n, stride_dvn,

@@ -82,10 +82,10 @@ def flash_backward_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    SEED_IN_MEMORY: tl.constexpr,
+    SEED_IN_MEMORY: tl.constexpr, HEAVY_FIRST: tl.constexpr,
 ):
     pid_m, b, h, q_start, seqlen_q, k_start, seqlen_k = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q, IS_VARLEN)
+        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q, IS_VARLEN, HEAVY_FIRST)
     h_kv = h // GROUP
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:

@@ -16,10 +16,12 @@ from flashtrain.kernels.band import allowed, key_block_range
 from flashtrain.kernels.common import (
     LN2,
     dot_precision,
+    heavy_first,
     load_tile,
     locate_program,
     seq_strides,
     store_tile,
+    tile_grid,
 )
 from flashtrain.kernels.dropout import dropout_keep, head_seed, seed_args
 from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
@@ -106,10 +108,10 @@ def flash_forward_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    SEED_IN_MEMORY: tl.constexpr, COUNT_VISITS: tl.constexpr,
+    SEED_IN_MEMORY: tl.constexpr, COUNT_VISITS: tl.constexpr, HEAVY_FIRST: tl.constexpr,
 ):
     pid_m, b, h, q_start, seqlen_q, k_start, seqlen_k = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q, IS_VARLEN)
+        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q, IS_VARLEN, HEAVY_FIRST)
     h_kv = h // GROUP
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
@@ -177,7 +179,8 @@ def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     seed_ptr, seed_value, seed_in_memory = seed_args(seed, q.device, lse)
     cfg = forward_config(layout.head_dim, q.dtype, q.device, block_size)
     sparse = bool(tables)
-    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), layout.batch * layout.heads_q)
+    heavy = heavy_first(window_left, window_right)
+    grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), layout.batch * layout.heads_q, heavy)
     table_tensors, table_stride_args = sparse_args(tables[:4] if sparse else None, lse)
     flash_forward_kernel[grid](
         q4, k4, v4, o4, lse, cu_q, cu_k, slopes, seed_ptr, visits if visits is not None else lse,
@@ -191,6 +194,6 @@ def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PRECISION=dot_precision(q.dtype),
         IS_VARLEN=layout.is_varlen, SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1,
         **score_flags, HAS_DROPOUT=dropout_p > 0.0, SEED_IN_MEMORY=seed_in_memory,
-        COUNT_VISITS=visits is not None,
+        COUNT_VISITS=visits is not None, HEAVY_FIRST=heavy,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

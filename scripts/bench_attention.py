@@ -20,7 +20,8 @@ import torch
 
 from flashtrain.attention import flash_attn_func
 from flashtrain.bench import baselines, measure, report
-from flashtrain.bench.flops import attention_flops
+from flashtrain.bench.attention_rows import attention_row as _row
+from flashtrain.bench.attention_rows import bench_method, random_qkv
 
 TOKENS = 16384  # batch * seqlen held fixed, as in the FlashAttention papers
 HIDDEN = 2048  # heads * head_dim
@@ -57,58 +58,13 @@ def shape_for(seqlen: int, head_dim: int) -> tuple[int, int]:
     return max(1, TOKENS // seqlen), HIDDEN // head_dim
 
 
-def bench_method(name, forward, inputs, dims, causal, rep, density=1.0, variant=""):
-    batch, heads, seqlen, head_dim = dims
-    fwd = measure.measure(forward, rep=rep)
-    both = measure.measure(baselines.with_backward(forward, inputs), rep=rep)
-    rows = []
-    for mode, m in (("fwd", fwd), ("fwd_bwd", both)):
-        rows.append(_row(name, mode, m.ms, m.peak_mib, m.note, dims, causal, density, variant))
-    bwd_ms = both.ms - fwd.ms if both.ms is not None and fwd.ms is not None else None
-    rows.append(_row(name, "bwd", bwd_ms, None, both.note, dims, causal, density, variant))
-    return rows
-
-
-def _row(method, mode, ms, peak_mib, note, dims, causal, density, variant):
-    batch, heads, seqlen, head_dim = dims
-    flops = attention_flops(
-        batch, heads, seqlen, seqlen, head_dim, causal=causal, density=density, mode=mode
-    )
-    return {
-        "method": method,
-        "mode": mode,
-        "seqlen": seqlen,
-        "batch": batch,
-        "heads": heads,
-        "head_dim": head_dim,
-        "causal": causal,
-        "density": density,
-        "variant": variant,
-        "ms": ms,
-        "tflops": flops / (ms * 1e-3) / 1e12 if ms else None,
-        "peak_mib": peak_mib,
-        "note": note,
-    }
-
-
 def dense_sweep(args) -> list[dict]:
     rows = []
     for head_dim in args.head_dims:
         for causal in causal_flags(args.causal):
             for seqlen in args.seqlens:
                 batch, heads = shape_for(seqlen, head_dim)
-                q, k, v = (
-                    torch.randn(
-                        batch,
-                        seqlen,
-                        heads,
-                        head_dim,
-                        device="cuda",
-                        dtype=torch.bfloat16,
-                        requires_grad=True,
-                    )
-                    for _ in range(3)
-                )
+                q, k, v = random_qkv(batch, seqlen, heads, head_dim, device="cuda")
                 for name, method in baselines.dense_methods(q, k, v, causal=causal).items():
                     if args.methods and name not in args.methods:
                         continue
@@ -136,18 +92,7 @@ def window_sweep(args) -> list[dict]:
     for head_dim in args.head_dims:
         for seqlen in args.seqlens:
             batch, heads = shape_for(seqlen, head_dim)
-            q, k, v = (
-                torch.randn(
-                    batch,
-                    seqlen,
-                    heads,
-                    head_dim,
-                    device="cuda",
-                    dtype=torch.bfloat16,
-                    requires_grad=True,
-                )
-                for _ in range(3)
-            )
+            q, k, v = random_qkv(batch, seqlen, heads, head_dim, device="cuda")
             dims = (batch, heads, seqlen, head_dim)
             for window in [None, *args.windows]:
                 if window is not None and window >= seqlen:
@@ -199,18 +144,7 @@ def blocksparse_sweep(args) -> list[dict]:
         for causal in causal_flags(args.causal):
             for seqlen in args.seqlens:
                 batch, heads = shape_for(seqlen, head_dim)
-                q, k, v = (
-                    torch.randn(
-                        batch,
-                        seqlen,
-                        heads,
-                        head_dim,
-                        device="cuda",
-                        dtype=torch.bfloat16,
-                        requires_grad=True,
-                    )
-                    for _ in range(3)
-                )
+                q, k, v = random_qkv(batch, seqlen, heads, head_dim, device="cuda")
                 dims = (batch, heads, seqlen, head_dim)
                 dense = (
                     lambda q=q, k=k, v=v, c=causal: flash_attn_func(q, k, v, causal=c),

@@ -19,12 +19,28 @@ def sdpa_backend(name: str):
     return getattr(SDPBackend, name)
 
 
+def _raise_recompile_limit(limit: int = 4096) -> None:
+    """Every shape of a sweep compiles FlexAttention anew (dynamic=False); past dynamo's default
+    limit (8) it would fall back to eager and be timed as such."""
+    import torch._dynamo.config as dynamo_config
+
+    for name in (
+        "recompile_limit",
+        "cache_size_limit",
+        "accumulated_recompile_limit",
+        "accumulated_cache_size_limit",
+    ):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
+
+
 def _flex():
     """Compiled flex_attention, or None where this torch has none."""
     try:
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError:
         return None
+    _raise_recompile_limit()
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -38,7 +54,9 @@ def flex_attention_fn():
     return _FLEX
 
 
-def dense_block_mask(causal: bool, seqlen_q: int, seqlen_k: int, window: int | None = None):
+def dense_block_mask(
+    causal: bool, seqlen_q: int, seqlen_k: int, window: int | None = None, device="cuda"
+):
     from torch.nn.attention.flex_attention import create_block_mask
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -50,18 +68,28 @@ def dense_block_mask(causal: bool, seqlen_q: int, seqlen_k: int, window: int | N
         return keep
 
     return create_block_mask(
-        mask_mod, B=None, H=None, Q_LEN=seqlen_q, KV_LEN=seqlen_k, device="cuda"
+        mask_mod, B=None, H=None, Q_LEN=seqlen_q, KV_LEN=seqlen_k, device=device
     )
 
 
 def math_fits(batch, heads, seqlen_q, seqlen_k, dtype) -> bool:
     """The MATH backend materialises scores, probabilities and their gradients: ~4 (Sq, Sk) buffers."""
     need = 4 * batch * heads * seqlen_q * seqlen_k * torch.finfo(dtype).bits // 8
+    if not torch.cuda.is_available():
+        return True  # the suite's dry run: toy sizes on CPU
     free, _ = torch.cuda.mem_get_info()
     return need < 0.6 * free
 
 
 Method = tuple  # (forward closure, the input tensors it differentiates) or a skip reason (str)
+
+
+def flex_or_reason(device: torch.device):
+    """(compiled flex_attention, None) or (None, why it is skipped)."""
+    if device.type != "cuda":  # inductor's CPU flex compile takes minutes on a small machine
+        return None, "skipped: FlexAttention is compared on CUDA only"
+    flex = flex_attention_fn()
+    return (flex, None) if flex is not None else (None, "skipped: this torch has no FlexAttention")
 
 
 def dense_methods(q, k, v, *, causal: bool) -> dict[str, Method | str]:
@@ -86,11 +114,11 @@ def dense_methods(q, k, v, *, causal: bool) -> dict[str, Method | str]:
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
         methods[f"sdpa_{name.lower()}"] = (run, (qt, kt, vt))
-    flex = flex_attention_fn()
+    flex, reason = flex_or_reason(q.device)
     if flex is None:
-        methods["flex"] = "skipped: this torch has no FlexAttention"
+        methods["flex"] = reason
     else:
-        mask = dense_block_mask(causal, q.shape[1], k.shape[1])
+        mask = dense_block_mask(causal, q.shape[1], k.shape[1], device=q.device)
         methods["flex"] = (lambda: flex(qt, kt, vt, block_mask=mask), (qt, kt, vt))
     return methods
 
@@ -119,9 +147,9 @@ def blocksparse_methods(q, k, v, layout, *, causal: bool) -> dict[str, Method | 
     methods: dict[str, Method | str] = {
         "flashtrain": (lambda: blocksparse_attn_func(q, k, v, layout, causal=causal), (q, k, v))
     }
-    flex = flex_attention_fn()
+    flex, reason = flex_or_reason(q.device)
     if flex is None:
-        methods["flex"] = "skipped: this torch has no FlexAttention"
+        methods["flex"] = reason
     else:
         mask = flex_block_mask_from_layout(layout, q.shape[1], causal)
         methods["flex"] = (lambda: flex(qt, kt, vt, block_mask=mask), (qt, kt, vt))

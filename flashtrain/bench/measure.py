@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
+import time
 from dataclasses import dataclass
 
 import torch
@@ -17,53 +18,75 @@ class Measurement:
     note: str = ""  # "OOM", "unsupported: ...", ...
 
 
-def time_ms(fn, warmup: int = 5, rep: int = 20) -> float:
-    """Median CUDA time of fn() in milliseconds, timed with events around each call."""
+def _cuda(device) -> bool:
+    return torch.device(device if device is not None else default_device()).type == "cuda"
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def time_ms(fn, warmup: int = 5, rep: int = 20, device=None) -> float:
+    """Median time of fn() in milliseconds. CUDA: triton.testing.do_bench (L2 flushed before
+    each call), sized to about `rep` calls; CPU (the suite's dry run): wall clock of `rep` calls."""
+    if _cuda(device):
+        from triton.testing import do_bench
+
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        once = max((time.perf_counter() - start) * 1e3, 1e-3)
+        return do_bench(fn, warmup=once * warmup, rep=once * rep, return_mode="median")
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
     times = []
     for _ in range(rep):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start = time.perf_counter()
         fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append((time.perf_counter() - start) * 1e3)
     return sorted(times)[len(times) // 2]
 
 
-def measure(fn, warmup: int = 5, rep: int = 20) -> Measurement:
-    """Time fn and record its peak extra memory; OOM and unsupported backends become notes."""
+def measure(fn, warmup: int = 5, rep: int = 20, device=None) -> Measurement:
+    """Time fn and record its peak extra memory (CUDA only); OOM and unsupported backends
+    become notes."""
+    cuda = _cuda(device)
     try:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+        peak = None
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         fn()
-        torch.cuda.synchronize()
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        return Measurement(time_ms(fn, warmup, rep), peak)
+        if cuda:
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        return Measurement(time_ms(fn, warmup, rep, device), peak)
     except torch.cuda.OutOfMemoryError:
         return Measurement(None, None, "OOM")
     except RuntimeError as err:  # e.g. an SDPA backend that rejects these inputs
         return Measurement(None, None, f"unsupported: {str(err).splitlines()[0][:120]}")
     finally:
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
 
 
-def matmul_peak_tflops(n: int = 8192, dtype=torch.bfloat16) -> float:
-    a = torch.randn(n, n, device="cuda", dtype=dtype)
-    b = torch.randn(n, n, device="cuda", dtype=dtype)
-    ms = time_ms(lambda: a @ b, warmup=10, rep=30)
+def matmul_peak_tflops(n: int = 8192, dtype=torch.bfloat16, device=None) -> float:
+    device = device or default_device()
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = time_ms(lambda: a @ b, warmup=10, rep=30, device=device)
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def copy_bandwidth_gbs(mib: int = 1024) -> float:
+def copy_bandwidth_gbs(mib: int = 1024, device=None) -> float:
     """Device-to-device copy bandwidth (read + write counted)."""
-    src = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda")
+    device = device or default_device()
+    src = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), warmup=5, rep=20)
+    ms = time_ms(lambda: dst.copy_(src), warmup=5, rep=20, device=device)
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
@@ -76,6 +99,7 @@ def environment() -> dict:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

@@ -92,3 +92,23 @@ def plot(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def bar_plot(labels: list[str], values: list[float | None], path: Path, ylabel: str) -> None:
+    """One bar per label (a value of None draws no bar); nothing is written without values."""
+    if not any(v is not None for v in values):
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(labels)), 3.8))
+    ax.bar(range(len(labels)), [v or 0.0 for v in values])
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -123,8 +123,10 @@ def _attention(
     seed=5,
     softcap=0.0,
     alibi=False,
+    deterministic=True,
 ):
-    """One forward and one backward launch (real shapes are irrelevant: nothing runs)."""
+    """One forward and one backward launch (real shapes are irrelevant: nothing runs);
+    deterministic=False: the atomic-dQ backward."""
     batch, seqlen, heads_q, heads_kv = 2, 256, 4, 2
     if varlen:
         q = torch.empty(batch * seqlen, heads_q, head_dim, dtype=dtype)
@@ -163,6 +165,7 @@ def _attention(
         torch.empty_like(q),
         torch.empty_like(k),
         torch.empty_like(k),
+        deterministic=deterministic,
         **opts,
     )
 
@@ -173,6 +176,14 @@ def launches():
     yield "dense bf16 d64 full", lambda: _attention(head_dim=64, dtype=torch.bfloat16, causal=False)
     yield "sparse bf16 d64", lambda: _attention(head_dim=64, dtype=torch.bfloat16, sparse=True)
     yield (
+        "dense bf16 d128 atomic dQ",
+        lambda: _attention(head_dim=128, dtype=torch.bfloat16, deterministic=False),
+    )
+    yield (
+        "sparse bf16 d64 atomic dQ",
+        lambda: _attention(head_dim=64, dtype=torch.bfloat16, sparse=True, deterministic=False),
+    )
+    yield (
         "varlen fp16 d72 softcap alibi dropout tensor-seed",
         lambda: _attention(
             head_dim=72,
@@ -182,6 +193,7 @@ def launches():
             alibi=True,
             dropout_p=0.1,
             seed=torch.tensor([5]),
+            deterministic=False,
         ),
     )
     yield (

@@ -43,9 +43,11 @@ def run_kernels(
     cu_k=None,
     block_mask=None,
     block_size=0,
+    deterministic=True,
 ):
     """Forward then backward through the launchers; returns (out, lse, dq, dk, dv).
-    Dense q (B, Sq, Hq, D) or packed q (total_q, Hq, D) with cu_q / cu_k."""
+    Dense q (B, Sq, Hq, D) or packed q (total_q, Hq, D) with cu_q / cu_k.
+    deterministic=False: the backward's atomic-dQ path."""
     packed = cu_q is not None
     if packed:
         max_q = int((cu_q[1:] - cu_q[:-1]).max())
@@ -68,7 +70,7 @@ def run_kernels(
     out = torch.empty_like(q)
     flash_forward(q, k, v, out, lse, **opts)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    flash_backward(dout, q, k, v, out, lse, dq, dk, dv, **opts)
+    flash_backward(dout, q, k, v, out, lse, dq, dk, dv, deterministic=deterministic, **opts)
     return out, lse, dq, dk, dv
 
 
@@ -164,7 +166,7 @@ def check_kernels_against_definition(q, k, v, *, seed_dout=0, **opts):
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed_dout)).to(q.dtype)
     kernel_opts = {k_: v_ for k_, v_ in opts.items() if k_ != "keep_mask"}
     got = run_kernels(q, k, v, dout, **kernel_opts)
-    ref_opts = {k_: v_ for k_, v_ in opts.items() if k_ not in ("seed",)}
+    ref_opts = {k_: v_ for k_, v_ in opts.items() if k_ not in ("seed", "deterministic")}
     truth = reference_grads(q, k, v, dout, torch.float64, **ref_opts)
     low = reference_grads(q, k, v, dout, q.dtype, **ref_opts)
     assert_matches_reference(got, truth, low, q.dtype, names=NAMES)

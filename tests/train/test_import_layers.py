@@ -17,7 +17,7 @@ ALLOWED = {
     "attention": {"kernels", "typed_config"},
     "models": {"attention", "kernels", "typed_config"},
     "data": {"typed_config", "file_integrity"},
-    "bench": {"attention", "kernels"},
+    "bench": {"attention", "kernels", "train"},  # the GPU suite measures the trainer too
     "train": {"models", "data", "attention", "kernels", "typed_config", "file_integrity"},
 }
 

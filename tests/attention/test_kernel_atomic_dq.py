@@ -1,0 +1,65 @@
+"""The backward's atomic-dQ path (flash_backward(deterministic=False): dQ by fp32 atomics inside
+the dK/dV kernel, then scaled into dq's dtype) against the float64 definition, with every
+feature: GQA, varlen with an empty sequence, dropout, windows, block-sparse, softcap, ALiBi.
+The deterministic two-kernel path is what the other kernel tests run."""
+
+import pytest
+import torch
+from kernel_testing import check_kernels_against_definition, cu_seqlens, run_kernels
+
+from flashtrain.kernels.dropout_mask import dropout_keep_mask
+
+
+def _qkv(shape_q, shape_k, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda shape: torch.randn(shape, generator=gen).to(dtype)
+    return make(shape_q), make(shape_k), make(shape_k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize(
+    "causal, window, softcap, alibi",
+    [(True, (-1, -1), 0.0, False), (False, (5, 3), 3.0, True)],
+    ids=["causal", "window-softcap-alibi"],
+)
+def test_dense_gqa(dtype, causal, window, softcap, alibi):
+    q, k, v = _qkv((2, 37, 4, 24), (2, 45, 2, 24), dtype, seed=1)  # Sq != Sk, odd head_dim
+    slopes = 0.1 + 0.3 * torch.rand(2, 4, generator=torch.Generator().manual_seed(2))
+    check_kernels_against_definition(
+        q, k, v, scale=0.4, causal=causal, window=window, softcap=softcap,
+        alibi_slopes=slopes if alibi else None, deterministic=False,
+    )  # fmt: skip
+
+
+def test_varlen_dropout():
+    lens_q, lens_k = [9, 0, 30], [12, 5, 21]
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    q, k, v = _qkv((sum(lens_q), 2, 16), (sum(lens_k), 1, 16), torch.float32, seed=3)
+    keep = dropout_keep_mask(11, 3, 2, max(lens_q), max(lens_k), 0.3, "cpu", cu_q, cu_k)
+    check_kernels_against_definition(
+        q, k, v, scale=0.4, causal=True, dropout_p=0.3, seed=11, cu_q=cu_q, cu_k=cu_k,
+        keep_mask=keep, deterministic=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_blocksparse(causal):
+    block_mask = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(4)) < 0.6
+    block_mask[:, :, 0] = True
+    block_mask[0, 1, :] = False  # a query block that sees nothing: its dQ rows stay 0
+    q, k, v = _qkv((1, 150, 2, 16), (1, 150, 2, 16), torch.float16, seed=5)
+    check_kernels_against_definition(
+        q, k, v, scale=0.5, causal=causal, block_mask=block_mask, block_size=64,
+        deterministic=False,
+    )  # fmt: skip
+
+
+def test_matches_the_deterministic_path():
+    """Same dK/dV bit for bit (same kernel, same order); dQ equal up to summation order."""
+    q, k, v = _qkv((1, 70, 2, 32), (1, 70, 1, 32), torch.float32, seed=6)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(7))
+    fast = run_kernels(q, k, v, dout, scale=0.3, causal=True, deterministic=False)
+    exact = run_kernels(q, k, v, dout, scale=0.3, causal=True, deterministic=True)
+    assert torch.equal(fast[3], exact[3]) and torch.equal(fast[4], exact[4])
+    torch.testing.assert_close(fast[2], exact[2], rtol=1e-5, atol=1e-5)
+    assert fast[2].abs().max() > 0.1  # dq was written
