@@ -60,6 +60,7 @@ from flashtrain.train.metrics import (
 )
 from flashtrain.train.optim import build_optimizer, build_scheduler
 from flashtrain.train.progress import Progress
+from flashtrain.train.run_info import write_run_info
 
 log = logging.getLogger("flashtrain")
 
@@ -365,6 +366,7 @@ class Trainer:
         }
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_run_info(self.run_dir, env.device, env.world_size, self.step)
         self.loggers = build_loggers(
             self.cfg,
             run_dir=self.run_dir,
