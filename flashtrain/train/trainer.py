@@ -346,6 +346,8 @@ class Trainer:
                 ev,
                 self.last_ckpt,
             )
+            if "eval/loss" in evals and (verdict := self.data.loss_verdict(evals["eval/loss"])):
+                log.info(verdict)
         return summary
 
     def _open_outputs(self) -> None:

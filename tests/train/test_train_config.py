@@ -39,7 +39,7 @@ def test_the_preset_list_covers_the_papers_runs():
 def test_defaults():
     cfg = validate_config(compose())
     assert isinstance(cfg, TrainConfig) and isinstance(cfg.model, GPT2Config)
-    assert (cfg.model.n_layer, cfg.model.d_model) == (4, 256)  # gpt2-tiny
+    assert (cfg.model.n_layer, cfg.model.d_model) == (2, 128)  # gpt2-tiny
     assert cfg.data.name == "synthetic" and cfg.attention.impl == "flash"
     assert cfg.logger.name == "wandb" and cfg.logger.mode is None  # $WANDB_MODE, else offline
     assert cfg.model.max_seq_len == cfg.seq_len  # interpolated from the top level
