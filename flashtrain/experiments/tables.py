@@ -59,20 +59,20 @@ CONTEXT_LENGTH = {
     "tiny": ScaleTable(
         # The default run's model (2 layers, width 128). Synthetic recall with 8 keys: the
         # optimum falls from 1.36 (16 tokens) to 0.26 (128), so longer contexts must win once
-        # the model recalls. pysrc bytes: 1.6M training tokens per run, a few % of the library.
+        # the model recalls. pysrc bytes: 0.5M training tokens per run, ~2% of the library.
         common=(*TINY_RUN, *model("gpt2-tiny", n_layer=2, n_head=4, d_model=128)),
-        points=context_points((64, 128, 256, 512), tokens_per_step=4096, micro_tokens=4096),
+        points=context_points((64, 128, 256, 512), tokens_per_step=2048, micro_tokens=2048),
         data={
             "pysrc": (
                 "data=pysrc",
                 *schedule(
-                    steps=400, eval_every=100, eval_batches=16, ckpt_every=200, lr=3e-3, warmup=25
+                    steps=250, eval_every=100, eval_batches=16, ckpt_every=200, lr=3e-3, warmup=25
                 ),
             ),
             "synthetic": (
                 "data=synthetic",
                 *schedule(
-                    steps=600, eval_every=100, eval_batches=16, ckpt_every=200, lr=3e-3, warmup=20
+                    steps=250, eval_every=100, eval_batches=16, ckpt_every=200, lr=3e-3, warmup=20
                 ),
             ),
         },
@@ -137,10 +137,10 @@ PATHFINDER = {
             "seq_len=1024",
             "global_batch_size=32",
             "micro_batch_size=32",
-            *schedule(steps=250, eval_every=50, eval_batches=8, ckpt_every=125, lr=2e-3, warmup=25),
+            *schedule(steps=150, eval_every=50, eval_batches=8, ckpt_every=150, lr=2e-3, warmup=15),
         ),
         points=_ATTENTIONS,
-        cost="2-core CPU: ~4 minutes per run, 3 runs, after generating 4000 images once",
+        cost="2-core CPU: ~3 minutes per run, 3 runs, after generating 4000 images once",
         needs="nothing: the Pathfinder images are generated (data.num_workers processes)",
     ),
     "gpu": ScaleTable(

@@ -176,7 +176,9 @@ def test_batch_plan():
     )
     assert batch_plan(cfg, world_size=1).global_batch_size == 32
     with pytest.raises(ConfigError, match="not a multiple of micro_batch_size=8 x world_size=3"):
-        batch_plan(validate_config(compose(["global_batch_size=16"])), world_size=3)
+        batch_plan(
+            validate_config(compose(["global_batch_size=16", "micro_batch_size=8"])), world_size=3
+        )
     with pytest.raises(ConfigError, match="not a multiple of seq_len"):
         batch_plan(validate_config(compose(["global_batch_tokens=1000"])), world_size=1)
     cfg = validate_config(compose(["global_batch_size=null"]))

@@ -208,6 +208,7 @@ def test_python_train_py_as_is(tmp_path):
     (run_dir,) = (tmp_path / "outputs").glob("*/*")
     rows = read_metrics(run_dir / "metrics.jsonl")
     losses = [r["loss"] for r in rows if "loss" in r]
+    assert losses[-1] < losses[0] - 0.5, losses  # from ~ln(16) = 2.77
     # From ~ln(16) = 2.77 to clearly below ln(8) = 2.079, the floor of a model blind to the context.
     final_eval = [r["eval/loss"] for r in rows if "eval/loss" in r][-1]
     assert final_eval < 2.079 - 0.3, final_eval
