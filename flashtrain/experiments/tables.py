@@ -72,7 +72,7 @@ CONTEXT_LENGTH = {
             "synthetic": (
                 "data=synthetic",
                 *schedule(
-                    steps=250, eval_every=100, eval_batches=16, ckpt_every=200, lr=3e-3, warmup=20
+                    steps=600, eval_every=100, eval_batches=16, ckpt_every=200, lr=3e-3, warmup=20
                 ),
             ),
         },
