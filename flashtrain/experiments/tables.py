@@ -140,7 +140,8 @@ PATHFINDER = {
             *schedule(steps=150, eval_every=50, eval_batches=8, ckpt_every=150, lr=2e-3, warmup=15),
         ),
         points=_ATTENTIONS,
-        cost="2-core CPU: ~3 minutes per run, 3 runs, after generating 4000 images once",
+        cost="2-core CPU: ~4 minutes per run with flash or sdpa, after generating 4000 images "
+        "once; block-sparse ~35 minutes (its CPU route is ~10x slower than the dense one)",
         needs="nothing: the Pathfinder images are generated (data.num_workers processes)",
     ),
     "gpu": ScaleTable(
