@@ -3,7 +3,7 @@
     python scripts/report.py reproduce/runs/* --out reproduce
     python scripts/report.py outputs/2026-01-01/12-00-00 outputs/2026-01-02/09-30-00 --out report
 
-A run folder is a train.py run directory (metrics.jsonl, .hydra/config.yaml, train.log) or a
+A run folder is a train.py run directory (metrics.jsonl, .hydra/config.yaml, run.json) or a
 scripts/bench_attention.py output folder. Runs are grouped by experiment (from the
 reproduce.json that scripts/reproduce.py writes, else from what they trained) and each group
 becomes <out>/<experiment>.md with PNG plots next to it.

@@ -13,6 +13,8 @@ import os
 import pytest
 import torch
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test touches the network (tokenizer downloads)
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -19,7 +19,11 @@ from typing import Any
 from flashtrain.data.tokenization import TOKENIZER_KINDS
 from flashtrain.typed_config import check_choice, typed_group
 
-DEFAULT_CACHE_ROOT = "data_cache"  # relative to the working directory; FLASHTRAIN_DATA overrides
+DEFAULT_CACHE_ROOT = "data_cache"
+CORPUS_SOURCES = (
+    None,
+    "pysrc",
+)  # data.source: None = data_files or hub_name  # relative to the working directory; FLASHTRAIN_DATA overrides
 
 
 @dataclass
@@ -58,6 +62,8 @@ class CachedDataConfig(DataConfig):
 class CorpusConfig(CachedDataConfig):
     """A text source (local files or a Hugging Face hub dataset) and its tokenizer."""
 
+    source: str | None = None  # "pysrc": this Python's standard library (flashtrain/data/pysrc.py)
+    pysrc_under: str | None = None  # pysrc: only the files under this stdlib folder (e.g. "json")
     data_files: Any = None  # local .txt / .jsonl / .json / .parquet / .csv path(s), globs allowed
     val_files: Any = None  # their own validation files; else val_fraction of the documents
     hub_name: str | None = None  # or a Hugging Face dataset
@@ -65,6 +71,7 @@ class CorpusConfig(CachedDataConfig):
     train_split: str = "train"
     val_split: str | None = None  # the hub's validation split; None: carve val_fraction
     val_fraction: float = 0.01
+    test_fraction: float = 0.0  # pysrc: held-out test files (split by path hash, never trained on)
     split_seed: int = 1234
     text_field: str = "text"  # the column with the text (jsonl / parquet / csv)
     sample_by: str = "document"  # .txt files: document (a file) | paragraph | line
@@ -80,6 +87,7 @@ class CorpusConfig(CachedDataConfig):
     def __post_init__(self):
         check_choice(self.tokenizer, TOKENIZER_KINDS, "data.tokenizer")
         check_choice(self.sample_by, ("document", "paragraph", "line"), "data.sample_by")
+        check_choice(self.source, CORPUS_SOURCES, "data.source")
 
 
 @dataclass

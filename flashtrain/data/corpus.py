@@ -1,9 +1,11 @@
 """Text corpora through Hugging Face `datasets`, and their preparation into token caches.
 
-A corpus is a hub dataset (`hub_name`, `hub_config`) or local files (`data_files`: .txt / .jsonl /
-.json / .parquet / .csv, globs allowed) read by the `datasets` packaged builders. The validation
-split is the source's own (`val_split`) or a seeded fraction of the documents (`val_fraction`,
-`split_seed`), so it is the same on every run and machine.
+A corpus is a hub dataset (`hub_name`, `hub_config`), local files (`data_files`: .txt / .jsonl /
+.json / .parquet / .csv, globs allowed) read by the `datasets` packaged builders, or `source:
+pysrc` (this Python's standard library, flashtrain/data/pysrc.py). The validation split is the
+source's own (`val_split`), a seeded fraction of the documents (`val_fraction`, `split_seed`), or
+for pysrc a fraction by path hash (with `test_fraction` held out), so it is the same on every run
+and machine.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flashtrain.data import pysrc
 from flashtrain.data.config import CorpusConfig, cache_root
 from flashtrain.data.files import describe_missing, exclusive_lock, remove_stale_temporaries
 from flashtrain.data.token_cache import VERSION, open_token_file, write_token_file
@@ -94,15 +97,53 @@ def load_split(cfg: CorpusConfig, split: str, *, streaming: bool = False):
 
 def require_source(cfg: CorpusConfig) -> None:
     """Checked before any tokenizer or cache work, so a missing source is the first error named."""
+    if cfg.source == "pysrc":
+        if cfg.data_files or cfg.hub_name:
+            raise ValueError(
+                f"data config '{cfg.name}' has source=pysrc and also data_files / hub_name; "
+                "pick one source"
+            )
+        if getattr(cfg, "streaming", False):
+            raise ValueError(
+                "data.streaming=true is not supported for pysrc (the standard library is a few "
+                "tens of MB: its token cache is built once); set data.streaming=false"
+            )
+        return
     if not cfg.data_files and not cfg.hub_name:
         raise ValueError(
             f"data config '{cfg.name}' names no source: set data_files (local .txt/.jsonl/"
-            ".parquet/.csv files) or hub_name (a Hugging Face dataset)"
+            ".parquet/.csv files), hub_name (a Hugging Face dataset) or source=pysrc"
         )
 
 
+def _pysrc_files(cfg: CorpusConfig) -> list[pysrc.SourceFile]:
+    """The stdlib files of the corpus: all, or those under data.pysrc_under."""
+    files = pysrc.source_files()
+    if cfg.pysrc_under:
+        prefix = cfg.pysrc_under.strip("/") + "/"
+        files = [f for f in files if f.path.startswith(prefix)]
+        if not files:
+            raise FileNotFoundError(
+                f"pysrc: no .py files under {pysrc.stdlib_root() / prefix} "
+                f"(data.pysrc_under={cfg.pysrc_under!r} names a stdlib folder, e.g. 'json')"
+            )
+    return files
+
+
 def train_val_splits(cfg: CorpusConfig):
-    """(train, validation) Datasets; validation carved deterministically when the source lacks it."""
+    """(train, validation) Datasets; validation carved deterministically when the source lacks it.
+    pysrc splits by path hash (its test files are left out of both)."""
+    if cfg.source == "pysrc":
+        splits = pysrc.load_pysrc(
+            None, cfg.val_fraction, cfg.test_fraction, files=_pysrc_files(cfg)
+        )
+        if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
+            raise ValueError(
+                f"pysrc split of {sum(map(len, splits.values()))} file(s) left "
+                f"{len(splits['train'])} for training and {len(splits['validation'])} for "
+                "validation; both need >= 1 (raise data.val_fraction or widen data.pysrc_under)"
+            )
+        return splits["train"], splits["validation"]
     train = load_split(cfg, "train")
     val = load_split(cfg, "validation")
     if val is not None:
@@ -116,7 +157,13 @@ def train_val_splits(cfg: CorpusConfig):
 
 def source_spec(cfg: CorpusConfig, tokenizer: Tokenizer, eos_policy: str) -> dict:
     """Everything that decides the cache contents; its hash names the cache directory."""
-    if cfg.data_files:
+    if cfg.source == "pysrc":
+        source = {
+            "pysrc": pysrc.corpus_version(_pysrc_files(cfg)),
+            "under": cfg.pysrc_under,
+            "fractions": [float(cfg.val_fraction), float(cfg.test_fraction)],
+        }
+    elif cfg.data_files:
         files = {
             key: [
                 (f, os.path.getsize(f), os.stat(f).st_mtime_ns)
@@ -134,7 +181,7 @@ def source_spec(cfg: CorpusConfig, tokenizer: Tokenizer, eos_policy: str) -> dic
         "source": source,
         "text_field": cfg.text_field,
         "split": None
-        if cfg.val_files or cfg.val_split
+        if cfg.val_files or cfg.val_split or cfg.source
         else [float(cfg.val_fraction), int(cfg.split_seed)],
         "tokenizer": tokenizer.name,
         "eos_policy": eos_policy,
@@ -226,10 +273,17 @@ def prepare_corpus(
                 vocab_size=tokenizer.vocab_size,
                 eos_policy=eos_policy,
                 eos_id=tokenizer.eos_id,
-                source=directory.name,
+                source=_header_source(spec, directory.name),
                 progress=progress,
             )
     return paths
+
+
+def _header_source(spec: dict, cache_name: str) -> str:
+    """What the token file's header names as its source: the cache folder, and for pysrc the
+    corpus version (Python version + file-list hash) that the tokens came from."""
+    version = spec["source"].get("pysrc")
+    return f"{cache_name} {version}" if version else cache_name
 
 
 def open_corpus(cfg: CorpusConfig, tokenizer: Tokenizer, *, eos_policy: str, progress: bool = True):

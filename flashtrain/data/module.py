@@ -37,6 +37,7 @@ class DataModule:
     most eval_batches batches per rank (None: all the validation data).
     state_dict() / load_state_dict(): the training stream position.
     loss_bounds(): None, or {what: loss in nats} that put a run's loss in context.
+    loss_verdict(eval_loss): None, or a sentence saying what a final eval loss shows.
     prepare(cfg): the one-off work (tokenizing, generating) before any run; what it made.
 
     Constructed as cls(cfg, run): cfg the loader's dataclass from flashtrain.data.config, run a
@@ -60,6 +61,9 @@ class DataModule:
         raise NotImplementedError
 
     def loss_bounds(self) -> dict[str, float] | None:
+        return None
+
+    def loss_verdict(self, eval_loss: float) -> str | None:
         return None
 
     def val_batches(self) -> Iterable[dict[str, torch.Tensor]]:

@@ -108,6 +108,19 @@ class AssociativeRecall(DataModule):
             f"best possible at seq_len {self.seq_len}": self.optimal_loss(),
         }
 
+    def loss_verdict(self, eval_loss: float) -> str:
+        """Where the eval loss lies between the no-context floor and the optimum, in words.
+        The model counts as using its context once it closes a tenth of that gap."""
+        floor, best = math.log(self.num_values), self.optimal_loss()
+        closed = (floor - eval_loss) / (floor - best)
+        where = (
+            f"eval/loss {eval_loss:.3f}: the no-context floor is {floor:.3f}, the best possible "
+            f"at seq_len {self.seq_len} is {best:.3f}; reached {closed:.0%} of the way"
+        )
+        if closed >= 0.1:
+            return f"{where}: the model uses its context (it recalls values from earlier pairs)"
+        return f"{where}: the model does not use its context yet (train longer or larger)"
+
     def state_dict(self) -> dict:
         return {"step": self.step, "seed": self.seed, "world_size": self.world_size}
 

@@ -2,9 +2,10 @@
 
 Every tokenizer has a `name` that pins down exactly what produced a token cache (kind plus a
 fingerprint of its vocabulary files); caches record it and refuse to load under another.
-Nothing is downloaded: the BPE / WordPiece files are looked for in the configured path, in
-$FLASHTRAIN_TOKENIZERS/<name>/, in <cache_dir>/tokenizers/<name>/, and in the Hugging Face and
-tiktoken caches; when absent the error says what to download and where to put it.
+The BPE / WordPiece files are looked for in the configured path, in $FLASHTRAIN_TOKENIZERS/<name>/,
+in <cache_dir>/tokenizers/<name>/, and in the Hugging Face and tiktoken caches; when absent, GPT-2's
+(and bert-base-uncased's) are downloaded into the Hugging Face cache (flashtrain/data/hub.py)
+unless HF_HUB_OFFLINE=1, and then the error says what to download and where to put it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+
+from flashtrain.data import hub
 
 TOKENIZER_KINDS = ("byte", "gpt2", "wordpiece")
 
@@ -87,13 +90,9 @@ class HFTokenizer(Tokenizer):
 
 
 def _hf_snapshot_dirs(repo_ids: list[str]) -> list[Path]:
-    hub = (
-        os.environ.get("HF_HUB_CACHE")
-        or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
-    )
     dirs = []
     for repo in repo_ids:
-        snapshots = Path(hub) / ("models--" + repo.replace("/", "--")) / "snapshots"
+        snapshots = hub.hub_cache_dir() / ("models--" + repo.replace("/", "--")) / "snapshots"
         if snapshots.is_dir():
             dirs.extend(sorted(snapshots.iterdir()))
     return dirs
@@ -153,10 +152,13 @@ def load_gpt2(
     )
     if encoder.is_file() and bpe.is_file():
         return _gpt2_from_bpe_files(encoder, bpe)
+    folder = hub.fetch_tokenizer_files("gpt2")  # downloads unless HF_HUB_OFFLINE is set
+    if folder is not None:
+        return _gpt2_from_bpe_files(folder / "vocab.json", folder / "merges.txt")
 
     looked = "\n  ".join(str(d) for d in dirs + [tiktoken_dir])
     raise FileNotFoundError(
-        "GPT-2 BPE files not found (nothing is downloaded at run time). Looked in:\n  "
+        "GPT-2 BPE files not found (and HF_HUB_OFFLINE is set, so none were downloaded). Looked in:\n  "
         f"{looked}\nDownload vocab.json and merges.txt (or tokenizer.json) of the Hugging Face model "
         f"'openai-community/gpt2' into {Path(cache_root) / 'tokenizers' / 'gpt2'}/ "
         "(or any folder named by data.tokenizer_path or $FLASHTRAIN_TOKENIZERS/gpt2/)."
@@ -174,8 +176,11 @@ def load_wordpiece(
 
     repos = [f"google-bert/{local_name}", local_name]
     dirs = _search_dirs(explicit_path, local_name, cache_root, repos)
-    for d in dirs:
-        path = d if d.is_file() else d / "vocab.txt"
+    candidates = [d if d.is_file() else d / "vocab.txt" for d in dirs]
+    if local_name in hub.HUB_TOKENIZERS and not any(p.is_file() for p in candidates):
+        folder = hub.fetch_tokenizer_files(local_name)  # downloads unless HF_HUB_OFFLINE is set
+        candidates += [folder / "vocab.txt"] if folder is not None else []
+    for path in candidates:
         if path.is_file():
             backend = BertWordPieceTokenizer(str(path), lowercase=lowercase)
             case = "uncased" if lowercase else "cased"
@@ -189,7 +194,7 @@ def load_wordpiece(
             return HFTokenizer(backend, f"wordpiece-{case}-{_fingerprint([path])}", specials)
     looked = "\n  ".join(str(d) for d in dirs)
     raise FileNotFoundError(
-        "WordPiece vocab.txt not found (nothing is downloaded at run time). Looked in:\n  "
+        "WordPiece vocab.txt not found (and none was downloaded: HF_HUB_OFFLINE=1 or not a hub model). Looked in:\n  "
         f"{looked}\nDownload vocab.txt of the Hugging Face model 'google-bert/{local_name}' into "
         f"{Path(cache_root) / 'tokenizers' / local_name}/ (or set data.tokenizer_path)."
     )

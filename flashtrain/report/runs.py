@@ -1,20 +1,21 @@
 """Reading a run folder: its metrics, its config, where and from which commit it ran.
 
 A train run folder (train.py's run directory) holds metrics.jsonl, .hydra/config.yaml and
-train.log; a benchmark run folder holds scripts/bench_attention.py's JSON (or, without CUDA, its
-tile-count markdown). scripts/reproduce.py adds reproduce.json: the experiment, scale, data
-choice and every launch (command, commit, exit code). Only metrics.jsonl or a benchmark result
-is required; whatever else is missing shows as unknown.
+run.json (the device, commit(s) and versions: flashtrain/train/run_info.py); a benchmark run
+folder holds scripts/bench_attention.py's JSON (or, without CUDA, its tile-count markdown).
+scripts/reproduce.py adds reproduce.json: the experiment, scale, data choice and every launch
+(command, exit code). Only metrics.jsonl or a benchmark result is required; whatever else is
+missing shows as unknown.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashtrain.experiments.spec import EXPERIMENT_NAMES
+from flashtrain.train.run_info import read_run_info
 
 METRICS_FILE = "metrics.jsonl"
 LAUNCH_FILE = "reproduce.json"
@@ -59,24 +60,6 @@ def _read_config(run_dir: Path) -> dict:
         return OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException:  # an interpolation this process cannot resolve
         return OmegaConf.to_container(cfg, resolve=False)
-
-
-_DEVICE = re.compile(r"^device: (\S+)(?: \(threads: (\d+)\))?.*?world: (\d+)", re.M)
-_GPU_NAME = re.compile(r"^peak: .*\((?:table: (.+)|unknown GPU '(.+)'.*)\)\s*$", re.M)
-
-
-def device_from_log(text: str) -> str | None:
-    """The device of the last start recorded in train.log: the GPU's name (times the world
-    size) or "CPU (N threads)"."""
-    starts = list(_DEVICE.finditer(text))
-    if not starts:
-        return None
-    device, threads, world = starts[-1].groups()
-    if device == "cpu":
-        return f"CPU ({threads} thread{'s' if threads != '1' else ''})" if threads else "CPU"
-    names = [m.group(1) or m.group(2) for m in _GPU_NAME.finditer(text)]
-    name = names[-1] if names else device
-    return f"{world} x {name}" if int(world) > 1 else name
 
 
 @dataclass
@@ -178,13 +161,12 @@ def load_run(run_dir: str | Path) -> RunRecord:
     if record.experiment not in EXPERIMENT_NAMES:
         raise ValueError(f"{run_dir}: unknown experiment '{record.experiment}'")
     launches = launch.get("launches", [])
-    record.commits = list(dict.fromkeys(x["commit"] for x in launches if x.get("commit")))
     record.exit_code = launches[-1].get("exit_code") if launches else None
+    info = read_run_info(run_dir)  # where and from which commit(s) the trainer ran
+    record.commits = list(dict.fromkeys(info.get("commits", [])))
+    record.device = info.get("device", record.device)
     if metrics.is_file():
         record.train, record.evals = read_metrics(metrics)
-    log = run_dir / "train.log"
-    if log.is_file():
-        record.device = device_from_log(log.read_text(errors="replace")) or record.device
     record.bench = [json.loads(p.read_text()) for p in benches]
     if tile_counts.is_file():
         record.tile_counts = tile_counts.read_text()

@@ -71,6 +71,7 @@ from flashtrain.train.optim import (
 )
 from flashtrain.train.prefetch import StepPrefetcher
 from flashtrain.train.progress import Progress, format_metrics
+from flashtrain.train.run_info import write_run_info
 
 log = logging.getLogger("flashtrain")
 
@@ -461,6 +462,8 @@ class Trainer:
                 format_metrics({**last, **evals}),
                 self.last_ckpt,
             )
+            if "eval/loss" in evals and (verdict := self.data.loss_verdict(evals["eval/loss"])):
+                log.info(verdict)
         return summary
 
     def _open_outputs(self) -> None:
@@ -482,6 +485,7 @@ class Trainer:
         }
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_run_info(self.run_dir, env.device, env.world_size, self.step)
         self.loggers = build_loggers(
             self.cfg,
             run_dir=self.run_dir,

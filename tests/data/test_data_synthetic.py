@@ -92,6 +92,26 @@ def test_loss_bounds_name_the_no_context_floor_and_the_optimum():
     assert bounds[1] == pytest.approx(make().optimal_loss()) and bounds[1] < bounds[0]
 
 
+@pytest.mark.parametrize(
+    ("fraction", "words"),
+    [
+        (0.0, "does not use its context"),
+        (0.05, "does not use its context"),
+        (0.5, "uses its context"),
+        (1.0, "uses its context"),
+    ],
+)
+def test_the_verdict_places_the_loss_between_floor_and_optimum(fraction, words):
+    data = make()
+    floor, best = math.log(VALUES), data.optimal_loss()
+    verdict = data.loss_verdict(floor - fraction * (floor - best))
+    assert words in verdict and f"reached {fraction:.0%} of the way" in verdict
+    assert (
+        f"floor is {floor:.3f}" in verdict
+        and f"best possible at seq_len 256 is {best:.3f}" in verdict
+    )
+
+
 def test_ranks_split_the_global_stream_and_resume_is_exact():
     whole = next(make(batch=4).train_batches())["input_ids"]
     parts = [

@@ -1,4 +1,5 @@
-"""Run folders written by hand, as train.py, bench_attention.py and reproduce.py write them."""
+"""Run folders written by hand, as train.py (run.json: flashtrain/train/run_info.py),
+bench_attention.py and reproduce.py write them."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-CPU_LOG = "device: cpu (threads: 2)  strategy: single  precision: fp32  world: 1\n"
-GPU_LOG = (
-    "device: cuda:0  strategy: ddp  precision: bf16  world: 8\n"
-    "peak: 989.40TFLOP/s (table: NVIDIA H100 80GB HBM3)\n"
-)
+CPU_RUN = {"device": "CPU (2 threads)", "commit": "abcdef1234567", "commits": ["abcdef1234567"]}
+GPU_RUN = {
+    "device": "8 x NVIDIA H100 80GB HBM3",
+    "commit": "1234567890ab",
+    "commits": ["1234567890ab"],
+}
 
 
 def write_run(
@@ -20,7 +22,7 @@ def write_run(
     config: dict,
     train: list[dict] = (),
     evals: list[dict] = (),
-    log: str = CPU_LOG,
+    run_info: dict = CPU_RUN,
     launch: dict | None = None,
 ) -> Path:
     """A train run folder; `train` / `evals` rows are written in order (eval after its step)."""
@@ -30,19 +32,19 @@ def write_run(
         [*train, *evals], key=lambda r: (r["step"], any(k.startswith("eval/") for k in r))
     )
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run_dir / "train.log").write_text(log)
+    (run_dir / "run.json").write_text(json.dumps(run_info))
     if launch is not None:
         (run_dir / "reproduce.json").write_text(json.dumps(launch))
     return run_dir
 
 
-def launch(experiment: str, scale: str = "tiny", data=None, commit: str = "abcdef1234567") -> dict:
+def launch(experiment: str, scale: str = "tiny", data=None) -> dict:
     return {
         "experiment": experiment,
         "scale": scale,
         "data": data,
         "kind": "train",
-        "launches": [{"command": "python train.py", "commit": commit, "exit_code": 0}],
+        "launches": [{"command": "python train.py", "exit_code": 0}],
     }
 
 

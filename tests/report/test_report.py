@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 from report_testing import (
-    CPU_LOG,
-    GPU_LOG,
+    GPU_RUN,
     launch,
     lm_config,
     lm_curve,
@@ -21,7 +20,7 @@ from report_testing import (
 
 from flashtrain.data.synthetic import recall_optimal_loss
 from flashtrain.report import write_reports
-from flashtrain.report.runs import device_from_log, load_run, read_metrics
+from flashtrain.report.runs import load_run, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 PYSRC = {"name": "pysrc", "loader": "lm_corpus", "tokenizer": "byte"}
@@ -57,12 +56,6 @@ def test_metrics_of_a_resumed_run_keep_the_rows_logged_after_the_restart(tmp_pat
     assert [(r["step"], r["eval/loss"]) for r in evals] == [(20, 2.6), (40, 2.25)]
 
 
-def test_device_from_the_training_log():
-    assert device_from_log("  device: auto\n" + CPU_LOG) == "CPU (2 threads)"
-    assert device_from_log(GPU_LOG) == "8 x NVIDIA H100 80GB HBM3"
-    assert device_from_log("nothing here") is None
-
-
 def test_context_length_report_byte_level_and_openwebtext(tmp_path):
     runs = tmp_path / "runs"
     for ctx, loss in ((64, 1.5), (128, 1.4), (256, 1.3)):
@@ -79,8 +72,8 @@ def test_context_length_report_byte_level_and_openwebtext(tmp_path):
         lm_config(owt, 1024, max_steps=40),
         lm_curve(3.0, 20, 524288),  # partial: 20 of 40 steps
         [lm_eval(20, math.log(20.5))],
-        log=GPU_LOG,
-        launch=launch("context-length", scale="paper", data="openwebtext", commit="1234567890ab"),
+        run_info=GPU_RUN,
+        launch=launch("context-length", scale="paper", data="openwebtext"),
     )
     written = write_reports(sorted(runs.iterdir()), tmp_path / "out")
     assert written == [tmp_path / "out" / "context-length.md"]

@@ -39,7 +39,7 @@ def test_the_preset_list_covers_the_papers_runs():
 def test_defaults():
     cfg = validate_config(compose())
     assert isinstance(cfg, TrainConfig) and isinstance(cfg.model, GPT2Config)
-    assert (cfg.model.n_layer, cfg.model.d_model) == (4, 256)  # gpt2-tiny
+    assert (cfg.model.n_layer, cfg.model.d_model) == (2, 128)  # gpt2-tiny
     assert cfg.data.name == "synthetic" and cfg.attention.impl == "flash"
     assert cfg.logger.name == "wandb" and cfg.logger.mode is None  # $WANDB_MODE, else offline
     assert cfg.model.max_seq_len == cfg.seq_len  # interpolated from the top level
@@ -176,7 +176,9 @@ def test_batch_plan():
     )
     assert batch_plan(cfg, world_size=1).global_batch_size == 32
     with pytest.raises(ConfigError, match="not a multiple of micro_batch_size=8 x world_size=3"):
-        batch_plan(validate_config(compose(["global_batch_size=16"])), world_size=3)
+        batch_plan(
+            validate_config(compose(["global_batch_size=16", "micro_batch_size=8"])), world_size=3
+        )
     with pytest.raises(ConfigError, match="not a multiple of seq_len"):
         batch_plan(validate_config(compose(["global_batch_tokens=1000"])), world_size=1)
     cfg = validate_config(compose(["global_batch_size=null"]))
