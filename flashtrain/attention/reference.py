@@ -25,25 +25,33 @@ def fold_window(window_size: tuple[int, int], causal: bool, seqlen_k: int) -> tu
     return left, right
 
 
+def positions(sel: slice | torch.Tensor | None, length: int, device) -> torch.Tensor:
+    """The int64 positions a selection of an axis of `length` names: all of it (None), a slice's
+    range, or a 1-D tensor of positions as given."""
+    if isinstance(sel, torch.Tensor):
+        return sel.to(device)
+    sel = sel or slice(0, length)
+    return torch.arange(sel.start, sel.stop, device=device)
+
+
 def allowed_mask(
     seqlen_q: int,
     seqlen_k: int,
     window: tuple[int, int],
     *,
     rows: slice | None = None,
-    cols: slice | None = None,
+    cols: slice | torch.Tensor | None = None,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Bool (rows, cols): True where query i may attend key j; all of (seqlen_q, seqlen_k) by
-    default, or only the block rows x cols (so a chunk of queries never builds the full matrix).
+    default, or only the block rows x cols (so a chunk of queries never builds the full matrix);
+    cols may also be a 1-D tensor of key positions.
 
     window: (left, right) as fold_window returns it, -1 = unbounded, each side taken literally.
     Query i sits at position i + seqlen_k - seqlen_q of the key axis (bottom-right alignment).
     """
-    rows = rows or slice(0, seqlen_q)
-    cols = cols or slice(0, seqlen_k)
-    i = torch.arange(rows.start, rows.stop, device=device)[:, None] + (seqlen_k - seqlen_q)
-    j = torch.arange(cols.start, cols.stop, device=device)[None, :]
+    i = positions(rows, seqlen_q, device)[:, None] + (seqlen_k - seqlen_q)
+    j = positions(cols, seqlen_k, device)[None, :]
     keep = torch.ones(i.shape[0], j.shape[1], dtype=torch.bool, device=device)
     left, right = window
     if right >= 0:
@@ -58,14 +66,13 @@ def alibi_distance(
     seqlen_k: int,
     *,
     rows: slice | None = None,
-    cols: slice | None = None,
+    cols: slice | torch.Tensor | None = None,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """Float32 (rows, cols): |i + seqlen_k - seqlen_q - j|, which ALiBi scales by -slope."""
-    rows = rows or slice(0, seqlen_q)
-    cols = cols or slice(0, seqlen_k)
-    i = torch.arange(rows.start, rows.stop, device=device)[:, None] + (seqlen_k - seqlen_q)
-    j = torch.arange(cols.start, cols.stop, device=device)[None, :]
+    """Float32 (rows, cols): |i + seqlen_k - seqlen_q - j|, which ALiBi scales by -slope;
+    cols a slice or a 1-D tensor of key positions."""
+    i = positions(rows, seqlen_q, device)[:, None] + (seqlen_k - seqlen_q)
+    j = positions(cols, seqlen_k, device)[None, :]
     return (i - j).abs().to(torch.float32)
 
 

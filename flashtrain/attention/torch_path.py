@@ -6,8 +6,9 @@ seqlen_q != seqlen_k, empty sequences) runs here.
 
 The same algorithm as the kernels, at the granularity of query chunks: the forward keeps only
 the output and the log-sum-exp; the backward recomputes each chunk's probabilities from them.
-A chunk of CHUNK query rows visits only the key columns its window lets any of its rows see, and
-builds its masks for that (rows, cols) block alone, so the largest temporary is one
+A chunk of CHUNK query rows visits only the key columns its window lets any of its rows see (a
+block-sparse chunk, one layout block row, only the keys of its kept blocks), and builds its masks
+for that (rows, cols) block alone, so the largest temporary is one
 (B, H, CHUNK, cols) score block, never (Sq, Sk). Dropout regenerates its keep-mask per chunk
 from (seed, chunk index), so the backward sees the forward's exact mask.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from flashtrain.attention import cpu_flash
-from flashtrain.attention.reference import alibi_distance, allowed_mask
+from flashtrain.attention.reference import alibi_distance, allowed_mask, positions
 
 # Query rows per chunk: a (B, H, CHUNK, cols) float32 block is the largest temporary.
 CHUNK = 256
@@ -43,15 +44,35 @@ class AttentionOptions:
     block_size: int = 0
 
 
-def _chunks(seqlen_q: int, seqlen_k: int, window: tuple[int, int]):
-    """Yield (index, rows, cols): CHUNK query rows and the key columns any of them may see."""
-    left, right = window
+def _chunks(seqlen_q: int, seqlen_k: int, opts: AttentionOptions):
+    """Yield (index, rows, cols): a chunk of query rows and the key columns any of them may see.
+
+    Dense: CHUNK rows, cols the slice their window allows. Block-sparse: one layout block row of
+    queries, cols only the keys of the blocks some head keeps for it (a 1-D position tensor,
+    or a slice when they are contiguous), so the work follows the kept blocks, not S^2.
+    """
+    left, right = opts.window
     diag = seqlen_k - seqlen_q
-    for index, start in enumerate(range(0, seqlen_q, CHUNK)):
-        stop = min(start + CHUNK, seqlen_q)
+    rows_per_chunk = opts.block_size if opts.block_mask is not None else CHUNK
+    for index, start in enumerate(range(0, seqlen_q, rows_per_chunk)):
+        stop = min(start + rows_per_chunk, seqlen_q)
         lo = 0 if left < 0 else min(max(start + diag - left, 0), seqlen_k)
         hi = seqlen_k if right < 0 else min(max(stop + diag + right, lo), seqlen_k)
-        yield index, slice(start, stop), slice(lo, hi)
+        cols = slice(lo, hi)
+        if opts.block_mask is not None:
+            cols = _kept_columns(opts.block_mask, start // opts.block_size, opts.block_size, cols)
+        yield index, slice(start, stop), cols
+
+
+def _kept_columns(block_mask: torch.Tensor, row_block: int, block_size: int, band: slice):
+    """Key positions in `band` whose layout block some head keeps for `row_block`."""
+    kept_blocks = block_mask[:, row_block].any(0)  # (nk,)
+    kept = kept_blocks.repeat_interleave(block_size)[band]
+    cols = kept.nonzero().flatten() + band.start
+    if cols.numel() == 0:
+        return slice(band.start, band.start)
+    first, last = int(cols[0]), int(cols[-1])
+    return slice(first, last + 1) if last - first + 1 == cols.numel() else cols
 
 
 def _keep_probs(seed: int, chunk_index: int, shape, dropout_p: float, device) -> torch.Tensor:
@@ -67,8 +88,8 @@ def _chunk_allowed(opts: AttentionOptions, rows, cols, seqlen_q, seqlen_k, heads
     if opts.window != (-1, -1):
         keep = allowed_mask(seqlen_q, seqlen_k, opts.window, rows=rows, cols=cols, device=device)
     if opts.block_mask is not None:
-        row_blocks = torch.arange(rows.start, rows.stop, device=device) // opts.block_size
-        col_blocks = torch.arange(cols.start, cols.stop, device=device) // opts.block_size
+        row_blocks = positions(rows, seqlen_q, device) // opts.block_size
+        col_blocks = positions(cols, seqlen_k, device) // opts.block_size
         blocks = opts.block_mask[:, row_blocks][:, :, col_blocks]  # (Hm, r, c)
         if blocks.shape[0] == 1:
             blocks = blocks[0]
@@ -132,7 +153,7 @@ def attention_forward(q, k, v, opts: AttentionOptions, seed: int = 0):
     qg, kf, vf = _prepare(q, k, v)
     out = torch.empty_like(qg)
     lse = torch.empty(qg.shape[:-1], dtype=torch.float32, device=q.device)  # (B, Hkv, G, Sq)
-    for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts.window):
+    for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts):
         s, _ = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
         p, chunk_lse = _softmax(s)
         if opts.dropout_p > 0.0:
@@ -157,7 +178,7 @@ def attention_backward(dout, q, k, v, out, lse, opts: AttentionOptions, seed: in
     dq = torch.empty_like(qg)
     dk = torch.zeros_like(kf)
     dv = torch.zeros_like(vf)
-    for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts.window):
+    for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts):
         s, cap_grad = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
         chunk_lse = lse[..., rows]
         # Rows that saw no key get +inf so their probabilities (and gradients) are exactly 0.
@@ -193,8 +214,9 @@ def dropout_keep_mask(opts: AttentionOptions, seed: int, q_shape, k_shape, devic
     seqlen_k, heads_kv = k_shape[1], k_shape[2]
     group = heads_q // heads_kv
     mask = torch.ones(batch, heads_kv, group, seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts.window):
-        shape = (batch, heads_kv, group, rows.stop - rows.start, cols.stop - cols.start)
+    for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts):
+        cols_count = len(positions(cols, seqlen_k, device))
+        shape = (batch, heads_kv, group, rows.stop - rows.start, cols_count)
         mask[..., rows, cols] = _keep_probs(seed, index, shape, opts.dropout_p, device)
     return mask.view(batch, heads_q, seqlen_q, seqlen_k)
 
@@ -206,7 +228,7 @@ def attention_probs(q, k, opts: AttentionOptions) -> tuple[torch.Tensor, torch.T
     qg, kf, _ = _prepare(q, k, k)
     probs = torch.zeros(*qg.shape[:-1], seqlen_k, dtype=torch.float32, device=q.device)
     allowed = torch.zeros(probs.shape, dtype=torch.bool, device=q.device)
-    for _, rows, cols in _chunks(seqlen_q, seqlen_k, opts.window):
+    for _, rows, cols in _chunks(seqlen_q, seqlen_k, opts):
         s, _ = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
         probs[..., rows, cols] = _softmax(s)[0]
         allowed[..., rows, cols] = s > float("-inf")

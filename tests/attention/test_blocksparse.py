@@ -141,6 +141,25 @@ def test_kernel_visits_only_kept_blocks():
     assert counts["local"] / counts["dense"] == pytest.approx(10 / 16)
 
 
+@pytest.mark.single_route
+def test_torch_path_visits_only_kept_blocks():
+    """The PyTorch path's score blocks cover exactly the kept key blocks (butterfly: not
+    contiguous), so its work follows the layout's density, not S^2."""
+    from flashtrain.attention.torch_path import AttentionOptions, _chunks
+
+    seqlen, bs = 1000, 64  # a 40-token tail block
+    layout = sparsity.butterfly(seqlen, block_size=bs)
+    opts = AttentionOptions(scale=1.0, block_mask=layout.block_mask, block_size=bs)
+    computed = sum(
+        (rows.stop - rows.start)
+        * (cols.numel() if torch.is_tensor(cols) else cols.stop - cols.start)
+        for _, rows, cols in _chunks(seqlen, seqlen, opts)
+    )
+    kept = expand_block_mask(layout.block_mask, bs, seqlen, seqlen)
+    assert computed == int(kept.sum())
+    assert computed < 0.5 * seqlen * seqlen
+
+
 @pytest.mark.parametrize(
     "make_mask, block_size, message",
     [
