@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from flashtrain.data.pathfinder_data import split_ranges
 from flashtrain.report import plots
 from flashtrain.report.markdown import fmt, image, table
 from flashtrain.report.paper import LRA_MODELS, LRA_TASKS, paper_figure, paper_value
@@ -34,6 +35,15 @@ def _task_label(record: RunRecord) -> str:
     return label if contour in (None, LRA_CONTOUR_LENGTH) else f"{label} (contour {contour})"
 
 
+def _train_images(record: RunRecord) -> int | None:
+    """Images in the run's training split (80% of data.num_samples); None if not recorded."""
+    num = record.cfg("data.num_samples")
+    if num is None:
+        return None
+    lo, hi = split_ranges(int(num))["train"]
+    return hi - lo
+
+
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
@@ -44,6 +54,7 @@ def _results(groups: dict[str, list[RunRecord]]) -> str:
         "attention",
         "run",
         "scale",
+        "train images",
         "images seen",
         "last eval acc (%)",
         "best eval acc (%)",
@@ -64,6 +75,7 @@ def _results(groups: dict[str, list[RunRecord]]) -> str:
                     impl,
                     f"`{r.name}`",
                     r.scale or "-",
+                    fmt(_train_images(r)),
                     fmt(images),
                     _percent(evals[-1] if evals else None),
                     _percent(max(evals) if evals else None),
@@ -86,8 +98,10 @@ def _accuracy_plot(groups: dict[str, list[RunRecord]], path: Path) -> Path:
     fig, axes = plots.panels(len(groups))
     for ax, (task, group) in zip(axes, groups.items()):
         series = {}
-        for i, r in enumerate(group):
-            label = r.cfg("attention.impl", "?")
+        impls = [r.cfg("attention.impl", "?") for r in group]
+        for i, (r, impl) in enumerate(zip(group, impls)):
+            # Runs that share an attention (a control run beside the main one) go by name.
+            label = impl if impls.count(impl) == 1 else r.name
             color = plots.color(i, len(group))
             plots.add_run_curves(series, label, color, r, "accuracy", "eval/accuracy")
         plots.curves(

@@ -101,12 +101,14 @@ def test_context_length_report_synthetic_bounds(tmp_path):
     assert f"| 64 | `syn` | - | 2 | {best:.4g} | {floor:.4g} | {closed:.0%} |" in path.read_text()
 
 
-def classifier_config(task: str, seq_len: int, impl: str, contour: int = 14) -> dict:
+def classifier_config(
+    task: str, seq_len: int, impl: str, contour: int = 14, samples: int = 200_000
+) -> dict:
     return {
         "seq_len": seq_len,
         "model": {"arch": "classifier"},
         "attention": {"impl": impl},
-        "data": {"name": task, "contour_length": contour},
+        "data": {"name": task, "contour_length": contour, "num_samples": samples},
         "trainer": {"max_steps": 20},
     }
 
@@ -123,17 +125,17 @@ def test_pathfinder_report(tmp_path):
         )  # fmt: skip
     write_run(
         tmp_path / "path32",
-        classifier_config("pathfinder32", 1024, "sdpa", contour=6),
+        classifier_config("pathfinder32", 1024, "sdpa", contour=6, samples=4000),
         [{"step": 20, "loss": 0.6, "accuracy": 0.7, "tokens_seen": 20 * 32 * 1024.0}],
         [{"step": 20, "eval/loss": 0.6, "eval/accuracy": 0.75}],
     )
     runs = [tmp_path / "path32", *sorted(tmp_path.glob("pathx-*"))]
     (path,) = write_reports(runs, tmp_path / "out")
     text = path.read_text()
-    assert "| Path-32 (contour 6) | sdpa | `path32` | - | 640 | 75.0 | 75.0 | 70.0 | 72.7 |" in text
-    assert "| Path-X | flash | `pathx-flash` | - | 1,280 | 61.0 | 61.0 | 61.0 | 61.4 |" in text
+    assert "| Path-32 (contour 6) | sdpa | `path32` | - | 3,200 | 640 | 75.0 | 75.0 | 70.0 | 72.7 |" in text
+    assert "| Path-X | flash | `pathx-flash` | - | 160,000 | 1,280 | 61.0 | 61.0 | 61.0 | 61.4 |" in text
     assert (
-        "| Path-X | blocksparse | `pathx-blocksparse` | - | 1,280 | 52.0 | 58.0 | 52.0 | 56 |"
+        "| Path-X | blocksparse | `pathx-blocksparse` | - | 160,000 | 1,280 | 52.0 | 58.0 | 52.0 | 56 |"
         in text
     )
     assert "| FlashAttention | 37.6 | 63.9 | 81.4 | 43.5 | 72.7 | 59.8 |" in text
