@@ -132,8 +132,14 @@ def test_pathfinder_report(tmp_path):
     runs = [tmp_path / "path32", *sorted(tmp_path.glob("pathx-*"))]
     (path,) = write_reports(runs, tmp_path / "out")
     text = path.read_text()
-    assert "| Path-32 (contour 6) | sdpa | `path32` | - | 3,200 | 640 | 75.0 | 75.0 | 70.0 | 72.7 |" in text
-    assert "| Path-X | flash | `pathx-flash` | - | 160,000 | 1,280 | 61.0 | 61.0 | 61.0 | 61.4 |" in text
+    assert (
+        "| Path-32 (contour 6) | sdpa | `path32` | - | 3,200 | 640 | 75.0 | 75.0 | 70.0 | 72.7 |"
+        in text
+    )
+    assert (
+        "| Path-X | flash | `pathx-flash` | - | 160,000 | 1,280 | 61.0 | 61.0 | 61.0 | 61.4 |"
+        in text
+    )
     assert (
         "| Path-X | blocksparse | `pathx-blocksparse` | - | 160,000 | 1,280 | 52.0 | 58.0 | 52.0 | 56 |"
         in text
