@@ -64,23 +64,64 @@ def tile_grid(tiles: int, batch_heads: int, heavy: bool) -> tuple[int, int]:
 
 
 @triton.jit
-def load_tile(base, rows, stride_row, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A program's held tile: rows `rows` (stride_row apart, head_dim contiguous) as
-    (R, BLOCK_D), zero at rows >= n_rows and columns >= HEAD_DIM. (The tiles streamed in the
-    loops are loaded in place: under TRITON_INTERPRET a helper call per tile costs more than
-    the load.)"""
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM)
-    return tl.load(base + rows[:, None] * stride_row + cols[None, :], mask=mask, other=0.0)
+def rows_source(base, stride_row, n_rows, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                BLOCK_D: tl.constexpr, TMA: tl.constexpr):
+    """An (n_rows, HEAD_DIM) matrix (rows stride_row apart, head_dim contiguous) read or written
+    BLOCK_R rows at a time: (handle, stride_row, n_rows), the handle a tensor descriptor when TMA
+    (Hopper's bulk copies; the hardware zero-fills reads and drops writes outside the matrix)
+    or the base pointer (masked loads). The launcher decides TMA (flashtrain.kernels.tma)."""
+    if TMA:
+        handle = tl.make_tensor_descriptor(base, shape=[n_rows, HEAD_DIM], strides=[stride_row, 1],
+                                           block_shape=[BLOCK_R, BLOCK_D])
+    else:
+        handle = base
+    return handle, stride_row, n_rows
 
 
 @triton.jit
-def store_tile(base, rows, stride_row, n_rows, tile, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Store a (R, BLOCK_D) float32 tile into rows < n_rows, columns < HEAD_DIM, in base's dtype."""
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM)
-    tl.store(base + rows[:, None] * stride_row + cols[None, :], tile.to(base.dtype.element_ty),
-             mask=mask)
+def load_rows(src, start, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+              BLOCK_D: tl.constexpr, TMA: tl.constexpr):
+    """Rows [start, start + BLOCK_R) of a rows_source as a (BLOCK_R, BLOCK_D) tile, zero past
+    n_rows and HEAD_DIM. MASKED=False promises every row exists (the unmasked middle of a visit
+    plan): no row mask. When HEAD_DIM is a power of two (= BLOCK_D, "even d") no column mask
+    is evaluated either, so those loads are plain vector loads."""
+    handle, stride_row, n_rows = src
+    if TMA:
+        tile = handle.load([start, 0])
+    else:
+        rows = start + tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, BLOCK_D)
+        ptrs = handle + rows[:, None] * stride_row + cols[None, :]
+        EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+        if MASKED:
+            if EVEN_D:
+                tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+            else:
+                mask = (rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM)
+                tile = tl.load(ptrs, mask=mask, other=0.0)
+        elif EVEN_D:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=cols[None, :] < HEAD_DIM, other=0.0)
+    return tile
+
+
+@triton.jit
+def store_rows(src, start, tile, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+               BLOCK_D: tl.constexpr, TMA: tl.constexpr):
+    """Store a float32 (BLOCK_R, BLOCK_D) tile into rows [start, start + BLOCK_R) of a
+    rows_source, in its dtype; rows past n_rows and columns past HEAD_DIM are not written."""
+    handle, stride_row, n_rows = src
+    if TMA:
+        handle.store([start, 0], tile.to(handle.dtype))
+    else:
+        rows = start + tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, BLOCK_D)
+        mask = rows[:, None] < n_rows
+        if HEAD_DIM != BLOCK_D:
+            mask = mask & (cols[None, :] < HEAD_DIM)
+        tl.store(handle + rows[:, None] * stride_row + cols[None, :],
+                 tile.to(handle.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -17,8 +17,9 @@ import triton.language as tl
 from flashtrain.kernels.common import (
     dot_precision,
     heavy_first,
-    load_tile,
+    load_rows,
     locate_program,
+    rows_source,
     seq_strides,
     tile_grid,
 )
@@ -26,7 +27,8 @@ from flashtrain.kernels.dropout import seed_args
 from flashtrain.kernels.flash_bwd_dkdv import flash_backward_dkdv_kernel
 from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
 from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
-from flashtrain.kernels.tuning import backward_config
+from flashtrain.kernels.tma import use_descriptors
+from flashtrain.kernels.tuning import config, launch_fitted
 
 
 @triton.jit
@@ -45,10 +47,12 @@ def flash_backward_preprocess(
     b64 = b.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     row0 = q_start.to(tl.int64)
-    o = load_tile(O + b64 * stride_ob + row0 * stride_om + h * stride_oh, offs_m, stride_om,
-                  seqlen_q, HEAD_DIM, BLOCK_D)
-    do = load_tile(DO + b64 * stride_dob + row0 * stride_dom + h * stride_doh, offs_m, stride_dom,
-                   seqlen_q, HEAD_DIM, BLOCK_D)
+    o_src = rows_source(O + b64 * stride_ob + row0 * stride_om + h * stride_oh, stride_om,
+                        seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, False)
+    do_src = rows_source(DO + b64 * stride_dob + row0 * stride_dom + h * stride_doh, stride_dom,
+                         seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, False)
+    o = load_rows(o_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, False)
+    do = load_rows(do_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(DELTA + b64 * stride_lb + h * stride_lh + q_start + offs_m, delta,
              mask=offs_m < seqlen_q)
@@ -72,47 +76,61 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
     slopes, score_scalars, score_flags = score_args(softmax_scale, softcap, alibi_slopes, layout,
                                                     q.device, lse)
     seed_ptr, seed_value, seed_in_memory = seed_args(seed, q.device, lse)
-    cfg = backward_config(layout.head_dim, q.dtype, q.device, block_size)
+    dkdv_cfg = config("dkdv", layout.head_dim, q.dtype, q.device, block_size)
     sparse = bool(tables)
     kv_tables, kv_table_strides = sparse_args(tables[:4] if sparse else None, lse)
     q_tables, q_table_strides = sparse_args(tables[4:] if sparse else None, lse)
     batch_heads_q = layout.batch * layout.heads_q
+    block_d = dkdv_cfg.block_d
 
     delta = lse.new_empty(lse.shape)
-    flash_backward_preprocess[(triton.cdiv(max_seqlen_q, cfg.block_m), batch_heads_q)](
+    preprocess_rows = 64
+    flash_backward_preprocess[(triton.cdiv(max_seqlen_q, preprocess_rows), batch_heads_q)](
         o4, do4, delta, cu_q, *seq_strides(o4, is_varlen), *seq_strides(do4, is_varlen),
         *layout.lse_strides, max_seqlen_q, layout.heads_q,
-        HEAD_DIM=layout.head_dim, BLOCK_D=cfg.block_d, BLOCK_M=cfg.block_m, IS_VARLEN=is_varlen,
+        HEAD_DIM=layout.head_dim, BLOCK_D=block_d, BLOCK_M=preprocess_rows, IS_VARLEN=is_varlen,
     )
     constexprs = dict(
-        GROUP=layout.heads_q // layout.heads_kv, HEAD_DIM=layout.head_dim, BLOCK_D=cfg.block_d,
+        GROUP=layout.heads_q // layout.heads_kv, HEAD_DIM=layout.head_dim, BLOCK_D=block_d,
         PRECISION=dot_precision(q.dtype), IS_VARLEN=is_varlen,
         SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1,
         **score_flags, HAS_DROPOUT=dropout_p > 0.0, SEED_IN_MEMORY=seed_in_memory,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     scalars = (window_left, window_right, softmax_scale, *score_scalars, dropout_p, seed_value)
     atomic_dq = not deterministic
     # (B, S, Hq, D) float32, zeroed: rows no key reaches keep dQ = 0
     dq_acc = torch.zeros(dq4.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq4
-    flash_backward_dkdv_kernel[(triton.cdiv(max_seqlen_k, cfg.block_n), layout.batch * layout.heads_kv)](
-        q4, k4, v4, do4, lse, delta, dk4, dv4, dq_acc, cu_q, cu_k, slopes, seed_ptr, *q_tables,
-        *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
-        *seq_strides(do4, is_varlen), *seq_strides(dk4, is_varlen), *seq_strides(dv4, is_varlen),
-        *seq_strides(dq_acc, is_varlen), *layout.lse_strides, *q_table_strides,
-        max_seqlen_q, max_seqlen_k, layout.heads_kv, *scalars,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=atomic_dq, **constexprs,
-    )
+
+    def launch_dkdv(cfg):
+        grid = (triton.cdiv(max_seqlen_k, cfg.block_n), layout.batch * layout.heads_kv)
+        flash_backward_dkdv_kernel[grid](
+            q4, k4, v4, do4, lse, delta, dk4, dv4, dq_acc, cu_q, cu_k, slopes, seed_ptr, *q_tables,
+            *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
+            *seq_strides(do4, is_varlen), *seq_strides(dk4, is_varlen), *seq_strides(dv4, is_varlen),
+            *seq_strides(dq_acc, is_varlen), *layout.lse_strides, *q_table_strides,
+            max_seqlen_q, max_seqlen_k, layout.heads_kv, *scalars,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=atomic_dq,
+            TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dk4, dv4), **constexprs,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    launch_fitted("dkdv", dkdv_cfg, launch_dkdv)
     if atomic_dq:  # the conversion: dQ = softmax_scale * (dS K), in dq's dtype
         dq4.copy_(dq_acc.mul_(softmax_scale))
         return
-    # dQ holds a query tile of block_n rows and streams keys block_m at a time.
     heavy = heavy_first(window_left, window_right)
-    flash_backward_dq_kernel[tile_grid(triton.cdiv(max_seqlen_q, cfg.block_n), batch_heads_q, heavy)](
-        q4, k4, v4, do4, lse, delta, dq4, cu_q, cu_k, slopes, seed_ptr, *kv_tables,
-        *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
-        *seq_strides(do4, is_varlen), *seq_strides(dq4, is_varlen),
-        *layout.lse_strides, *kv_table_strides,
-        max_seqlen_q, max_seqlen_k, layout.heads_q, *scalars,
-        BLOCK_M=cfg.block_n, BLOCK_N=cfg.block_m, HEAVY_FIRST=heavy, **constexprs,
-    )
+
+    def launch_dq(cfg):
+        grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), batch_heads_q, heavy)
+        flash_backward_dq_kernel[grid](
+            q4, k4, v4, do4, lse, delta, dq4, cu_q, cu_k, slopes, seed_ptr, *kv_tables,
+            *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
+            *seq_strides(do4, is_varlen), *seq_strides(dq4, is_varlen),
+            *layout.lse_strides, *kv_table_strides,
+            max_seqlen_q, max_seqlen_k, layout.heads_q, *scalars,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_FIRST=heavy,
+            TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dq4), **constexprs,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    launch_fitted("dq", config("dq", layout.head_dim, q.dtype, q.device, block_size), launch_dq)

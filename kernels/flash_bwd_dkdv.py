@@ -12,34 +12,38 @@ import triton
 import triton.language as tl
 
 from flashtrain.kernels.band import allowed, query_block_range
-from flashtrain.kernels.common import load_row_stats, load_tile, locate_program, store_tile
+from flashtrain.kernels.common import (
+    load_row_stats,
+    load_rows,
+    locate_program,
+    rows_source,
+    store_rows,
+)
 from flashtrain.kernels.dropout import dropout_keep, head_seed
 from flashtrain.kernels.scores import pending_scale, program_scores, tile_scores
-from flashtrain.kernels.visit_plan import segment_entries, segment_span, table_row
+from flashtrain.kernels.visit_plan import segment_tiles, table_row, tile_start
 
 
 @triton.jit
-def _dkdv_tile_range(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                     dq_acc, offs_n, start, end, seqlen_q, seqlen_k, band, scores, dropout,
-                     MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                     HAS_DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_M: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
-    """Stream query tiles [start, end) past the held key tile, accumulating dK and dV; with
-    ATOMIC_DQ also dQ += dS K into the fp32 accumulator dq_acc = (base, row stride)."""
+def _dkdv_segment(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, offs_n,
+                  seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
+                  seg: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+                  ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+                  SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr, TMA: tl.constexpr,
+                  ATOMIC_DQ: tl.constexpr):
+    """Stream the query tiles of segment `seg` of the visit plan past the held key tile,
+    accumulating dK and dV; with ATOMIC_DQ also dQ += dS K into the fp32 accumulator
+    dq_acc = (base, row stride)."""
     pending = pending_scale(scores, SOFTCAP, ALIBI)
     offs_d = tl.arange(0, BLOCK_D)
-    for start_m in range(start, end, BLOCK_M):
+    for t in range(segment_tiles(bounds, tables, at, seg, SPARSE, SPARSE_BLOCK, BLOCK_M)):
+        start_m = tile_start(bounds, tables, at, seg, t, SPARSE, SPARSE_BLOCK, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qt_mask = offs_d[:, None] < HEAD_DIM  # (BLOCK_D, 1)
-        do_mask = offs_d[None, :] < HEAD_DIM  # (1, BLOCK_D)
-        if MASKED:
-            qt_mask = qt_mask & (offs_m[None, :] < seqlen_q)
-            do_mask = do_mask & (offs_m[:, None] < seqlen_q)
-        # Q^T tile (BLOCK_D, BLOCK_M), dO tile (BLOCK_M, BLOCK_D)
-        q_t = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=qt_mask, other=0.0)
-        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=do_mask, other=0.0)
+        q = load_rows(q_src, start_m, MASKED, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)  # (BLOCK_M, BLOCK_D)
+        do = load_rows(do_src, start_m, MASKED, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
         lse, delta = load_row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED)
-        qk_t = tl.dot(k, q_t, input_precision=PRECISION)  # (BLOCK_N, BLOCK_M)
+        qk_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M)
         capped_t = qk_t
         if SOFTCAP or ALIBI:
             qk_t, capped_t = tile_scores(qk_t, offs_m[None, :], offs_n[:, None], band[0], scores,
@@ -60,32 +64,35 @@ def _dkdv_tile_range(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride
         ds_t = p_t * (dp_t - delta[None, :])
         if SOFTCAP:  # through the cap: d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2
             ds_t = ds_t * (1.0 - capped_t * capped_t)
-        dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, input_precision=PRECISION)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
         if ATOMIC_DQ:  # 5 matmuls per tile instead of the dQ kernel's recomputation (7 in all)
             dq_base, stride_dqm = dq_acc
             dq_part = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=PRECISION)  # (BLOCK_M, BLOCK_D)
-            dq_mask = do_mask  # the rows and head dims of this query tile that exist
-            tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], dq_part,
-                          mask=dq_mask, sem="relaxed")
+            dq_ptrs = dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :]
+            if MASKED:  # the rows and head dims of this query tile that exist
+                dq_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+                tl.atomic_add(dq_ptrs, dq_part, mask=dq_mask, sem="relaxed")
+            elif HEAD_DIM == BLOCK_D:
+                tl.atomic_add(dq_ptrs, dq_part, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq_part, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                     dq_acc, offs_n, seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
+def _dkdv_query_loop(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, offs_n,
+                     seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
                      SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                      PRECISION: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
-                     ATOMIC_DQ: tl.constexpr):
+                     TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """Run the key tile's visit plan for one query head (flashtrain.kernels.visit_plan)."""
     for seg in tl.static_range(3 - SPARSE):
-        for entry in range(segment_entries(tables, at, seg, SPARSE)):
-            start, end = segment_span(bounds, tables, at, seg, entry, SPARSE, SPARSE_BLOCK)
-            dk, dv = _dkdv_tile_range(
-                dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                dq_acc, offs_n, start, end, seqlen_q, seqlen_k, band, scores, dropout,
-                (seg == 0) if SPARSE else (seg != 1), SOFTCAP, ALIBI, HAS_DROPOUT,
-                HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ)
+        dk, dv = _dkdv_segment(
+            dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, offs_n,
+            seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
+            seg, (seg == 0) if SPARSE else (seg != 1), SOFTCAP, ALIBI, HAS_DROPOUT,
+            HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, SPARSE, SPARSE_BLOCK, TMA, ATOMIC_DQ)
     return dk, dv
 
 
@@ -103,7 +110,7 @@ def flash_backward_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    SEED_IN_MEMORY: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    SEED_IN_MEMORY: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
 ):
     pid_n, b, h_kv, q_start, seqlen_q, k_start, seqlen_k = locate_program(
         CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_kv, IS_VARLEN, False)
@@ -114,10 +121,12 @@ def flash_backward_dkdv_kernel(
     b64 = b.to(tl.int64)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     k_row0 = k_start.to(tl.int64)
-    k = load_tile(K + b64 * stride_kb + k_row0 * stride_kn + h_kv * stride_kh, offs_n, stride_kn,
-                  seqlen_k, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
-    v = load_tile(V + b64 * stride_vb + k_row0 * stride_vn + h_kv * stride_vh, offs_n, stride_vn,
-                  seqlen_k, HEAD_DIM, BLOCK_D)
+    k_src = rows_source(K + b64 * stride_kb + k_row0 * stride_kn + h_kv * stride_kh, stride_kn,
+                        seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    v_src = rows_source(V + b64 * stride_vb + k_row0 * stride_vn + h_kv * stride_vh, stride_vn,
+                        seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    k = load_rows(k_src, n0, True, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
+    v = load_rows(v_src, n0, True, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     q_row0 = q_start.to(tl.int64)
@@ -128,8 +137,10 @@ def flash_backward_dkdv_kernel(
     table_strides = (stride_count_h, stride_index_h, stride_index_row)
     for g in range(GROUP):  # every query head that reads this kv head, in a fixed order
         h = h_kv * GROUP + g
-        q_base = Q + b64 * stride_qb + q_row0 * stride_qm + h * stride_qh
-        do_base = DO + b64 * stride_dob + q_row0 * stride_dom + h * stride_doh
+        q_src = rows_source(Q + b64 * stride_qb + q_row0 * stride_qm + h * stride_qh, stride_qm,
+                            seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+        do_src = rows_source(DO + b64 * stride_dob + q_row0 * stride_dom + h * stride_doh,
+                             stride_dom, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
         lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
         delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
         dq_acc = (DQ_ACC + b64 * stride_dqab + q_row0 * stride_dqam + h * stride_dqah, stride_dqam)
@@ -138,11 +149,13 @@ def flash_backward_dkdv_kernel(
         dropout = (head_seed(SEED, seed, b, h, heads_q, SEED_IN_MEMORY), dropout_p)
         at = table_row(h, n0 // SPARSE_BLOCK, table_strides)
         dk, dv = _dkdv_query_loop(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-            dq_acc, offs_n, seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
+            dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, offs_n,
+            seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
             SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION,
-            SPARSE, SPARSE_BLOCK, ATOMIC_DQ)
-    store_tile(DK + b64 * stride_dkb + k_row0 * stride_dkn + h_kv * stride_dkh, offs_n, stride_dkn,
-               seqlen_k, dk * softmax_scale, HEAD_DIM, BLOCK_D)
-    store_tile(DV + b64 * stride_dvb + k_row0 * stride_dvn + h_kv * stride_dvh, offs_n, stride_dvn,
-               seqlen_k, dv, HEAD_DIM, BLOCK_D)
+            SPARSE, SPARSE_BLOCK, TMA, ATOMIC_DQ)
+    dk_src = rows_source(DK + b64 * stride_dkb + k_row0 * stride_dkn + h_kv * stride_dkh,
+                         stride_dkn, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    dv_src = rows_source(DV + b64 * stride_dvb + k_row0 * stride_dvn + h_kv * stride_dvh,
+                         stride_dvn, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    store_rows(dk_src, n0, dk * softmax_scale, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    store_rows(dv_src, n0, dv, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)

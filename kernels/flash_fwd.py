@@ -17,38 +17,36 @@ from flashtrain.kernels.common import (
     LN2,
     dot_precision,
     heavy_first,
-    load_tile,
+    load_rows,
     locate_program,
+    rows_source,
     seq_strides,
-    store_tile,
+    store_rows,
     tile_grid,
 )
 from flashtrain.kernels.dropout import dropout_keep, head_seed, seed_args
 from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
 from flashtrain.kernels.scores import pending_scale, program_scores, tile_scores
-from flashtrain.kernels.tuning import forward_config
-from flashtrain.kernels.visit_plan import segment_entries, segment_span, table_row
+from flashtrain.kernels.tma import use_descriptors
+from flashtrain.kernels.tuning import forward_config, launch_fitted
+from flashtrain.kernels.visit_plan import segment_tiles, table_row, tile_start
 
 
 @triton.jit
-def _forward_tile_range(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-                        start, end, seqlen_k, band, scores, dropout,
-                        MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                        HAS_DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """Stream key tiles [start, end) past the query tile, updating (acc, l_i, m_i)."""
+def _forward_segment(acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
+                     bounds, tables, at, seg: tl.constexpr, MASKED: tl.constexpr,
+                     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PRECISION: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
+                     TMA: tl.constexpr):
+    """Stream the key tiles of segment `seg` of the visit plan past the query tile, updating
+    (acc, l_i, m_i); one flat loop (flashtrain.kernels.visit_plan)."""
     pending = pending_scale(scores, SOFTCAP, ALIBI)
-    offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(start, end, BLOCK_N):
+    for t in range(segment_tiles(bounds, tables, at, seg, SPARSE, SPARSE_BLOCK, BLOCK_N)):
+        start_n = tile_start(bounds, tables, at, seg, t, SPARSE, SPARSE_BLOCK, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_mask = offs_d[:, None] < HEAD_DIM  # (BLOCK_D, 1)
-        v_mask = offs_d[None, :] < HEAD_DIM  # (1, BLOCK_D)
-        if MASKED:
-            k_mask = k_mask & (offs_n[None, :] < seqlen_k)
-            v_mask = v_mask & (offs_n[:, None] < seqlen_k)
-        # K^T tile (BLOCK_D, BLOCK_N), V tile (BLOCK_N, BLOCK_D)
-        k = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None], mask=k_mask, other=0.0)
-        qk = tl.dot(q, k, input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32
+        k = load_rows(k_src, start_n, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32
         if SOFTCAP or ALIBI:
             qk, _ = tile_scores(qk, offs_m[:, None], offs_n[None, :], band[0], scores, SOFTCAP, ALIBI)
         if MASKED:
@@ -66,32 +64,30 @@ def _forward_tile_range(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, 
         if HAS_DROPOUT:
             seed_bh, dropout_p = dropout
             p = tl.where(dropout_keep(seed_bh, offs_m[:, None], offs_n[None, :], seqlen_k, dropout_p), p, 0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=v_mask, other=0.0)
+        v = load_rows(v_src, start_n, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _forward_key_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-                      seqlen_k, band, scores, dropout, bounds, tables, at,
+def _forward_key_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
+                      bounds, tables, at,
                       SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                       PRECISION: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
-                      COUNT_VISITS: tl.constexpr):
-    """Run the query tile's visit plan (flashtrain.kernels.visit_plan); also returns the number
-    of key tiles streamed when COUNT_VISITS."""
+                      TMA: tl.constexpr, COUNT_VISITS: tl.constexpr):
+    """Run the query tile's visit plan; also returns the number of key tiles streamed when
+    COUNT_VISITS."""
     tiles = 0
     for seg in tl.static_range(3 - SPARSE):
-        for entry in range(segment_entries(tables, at, seg, SPARSE)):
-            start, end = segment_span(bounds, tables, at, seg, entry, SPARSE, SPARSE_BLOCK)
-            acc, l_i, m_i = _forward_tile_range(
-                acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-                start, end, seqlen_k, band, scores, dropout,
-                (seg == 0) if SPARSE else (seg != 1), SOFTCAP, ALIBI, HAS_DROPOUT,
-                HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-            if COUNT_VISITS:
-                tiles += (end - start + BLOCK_N - 1) // BLOCK_N
+        acc, l_i, m_i = _forward_segment(
+            acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
+            bounds, tables, at, seg, (seg == 0) if SPARSE else (seg != 1),
+            SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
+            SPARSE, SPARSE_BLOCK, TMA)
+        if COUNT_VISITS:
+            tiles += segment_tiles(bounds, tables, at, seg, SPARSE, SPARSE_BLOCK, BLOCK_N)
     return acc, l_i, m_i, tiles
 
 
@@ -109,6 +105,7 @@ def flash_forward_kernel(
     IS_VARLEN: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     SEED_IN_MEMORY: tl.constexpr, COUNT_VISITS: tl.constexpr, HEAVY_FIRST: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     pid_m, b, h, q_start, seqlen_q, k_start, seqlen_k = locate_program(
         CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q, IS_VARLEN, HEAVY_FIRST)
@@ -124,9 +121,12 @@ def flash_forward_kernel(
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
     q_base = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h * stride_qh
-    q = load_tile(q_base, offs_m, stride_qm, seqlen_q, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    q_src = rows_source(q_base, stride_qm, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    q = load_rows(q_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)  # (BLOCK_M, BLOCK_D)
     k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + h_kv * stride_kh
     v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + h_kv * stride_vh
+    k_src = rows_source(k_base, stride_kn, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    v_src = rows_source(v_base, stride_vn, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -136,10 +136,9 @@ def flash_forward_kernel(
     tables = (KV_PARTIAL_COUNT, KV_PARTIAL_INDEX, KV_FULL_COUNT, KV_FULL_INDEX)
     at = table_row(h, m0 // SPARSE_BLOCK, (stride_count_h, stride_index_h, stride_index_row))
     acc, l_i, m_i, tiles = _forward_key_loop(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-        seqlen_k, band, scores, dropout, bounds, tables, at,
-        SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
-        SPARSE, SPARSE_BLOCK, COUNT_VISITS)
+        acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
+        bounds, tables, at, SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
+        SPARSE, SPARSE_BLOCK, TMA, COUNT_VISITS)
     if COUNT_VISITS:  # key tiles this program streamed, for cost accounting without a GPU
         tl.store(VISITS + (b * heads_q + h) * tl.num_programs(0) + pid_m, tiles)
 
@@ -151,7 +150,8 @@ def flash_forward_kernel(
         out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     o_base = O + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h * stride_oh
-    store_tile(o_base, offs_m, stride_om, seqlen_q, out, HEAD_DIM, BLOCK_D)
+    o_src = rows_source(o_base, stride_om, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    store_rows(o_src, m0, out, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
     tl.store(lse_base + offs_m, lse, mask=offs_m < seqlen_q)
 
@@ -180,20 +180,25 @@ def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     cfg = forward_config(layout.head_dim, q.dtype, q.device, block_size)
     sparse = bool(tables)
     heavy = heavy_first(window_left, window_right)
-    grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), layout.batch * layout.heads_q, heavy)
     table_tensors, table_stride_args = sparse_args(tables[:4] if sparse else None, lse)
-    flash_forward_kernel[grid](
-        q4, k4, v4, o4, lse, cu_q, cu_k, slopes, seed_ptr, visits if visits is not None else lse,
-        *table_tensors,
-        *seq_strides(q4, layout.is_varlen), *seq_strides(k4, layout.is_varlen),
-        *seq_strides(v4, layout.is_varlen), *seq_strides(o4, layout.is_varlen),
-        *layout.lse_strides, *table_stride_args,
-        max_seqlen_q, max_seqlen_k, layout.heads_q, window_left, window_right,
-        *score_scalars, dropout_p, seed_value,
-        GROUP=layout.heads_q // layout.heads_kv, HEAD_DIM=layout.head_dim, BLOCK_D=cfg.block_d,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PRECISION=dot_precision(q.dtype),
-        IS_VARLEN=layout.is_varlen, SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1,
-        **score_flags, HAS_DROPOUT=dropout_p > 0.0, SEED_IN_MEMORY=seed_in_memory,
-        COUNT_VISITS=visits is not None, HEAVY_FIRST=heavy,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+
+    def launch(cfg):
+        grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), layout.batch * layout.heads_q, heavy)
+        flash_forward_kernel[grid](
+            q4, k4, v4, o4, lse, cu_q, cu_k, slopes, seed_ptr, visits if visits is not None else lse,
+            *table_tensors,
+            *seq_strides(q4, layout.is_varlen), *seq_strides(k4, layout.is_varlen),
+            *seq_strides(v4, layout.is_varlen), *seq_strides(o4, layout.is_varlen),
+            *layout.lse_strides, *table_stride_args,
+            max_seqlen_q, max_seqlen_k, layout.heads_q, window_left, window_right,
+            *score_scalars, dropout_p, seed_value,
+            GROUP=layout.heads_q // layout.heads_kv, HEAD_DIM=layout.head_dim, BLOCK_D=cfg.block_d,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PRECISION=dot_precision(q.dtype),
+            IS_VARLEN=layout.is_varlen, SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1,
+            **score_flags, HAS_DROPOUT=dropout_p > 0.0, SEED_IN_MEMORY=seed_in_memory,
+            COUNT_VISITS=visits is not None, HEAVY_FIRST=heavy,
+            TMA=use_descriptors(cfg, q.device, q4, k4, v4, o4),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    launch_fitted("fwd", cfg, launch)

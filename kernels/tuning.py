@@ -1,30 +1,46 @@
-"""Tile sizes, warps and stages per head_dim and GPU.
+"""Tile sizes, warps, stages and load path per kernel, head_dim and GPU.
 
 A table rather than autotuning: launches are deterministic (the backward's bitwise repeatability
 must not depend on which config a benchmark run happened to pick) and there is no warm-up cost.
-Under TRITON_INTERPRET=1 one small configuration keeps CPU tests fast while still exercising
-several tiles, unequal tile sizes and masked tails.
+Three kinds, each with its own config:
+    fwd   the forward:         block_m query rows held, block_n key rows streamed
+    dkdv  the dK/dV backward:  block_n key rows held, block_m query rows streamed (also the
+                               atomic-dQ pass of deterministic=False)
+    dq    the dQ backward:     block_m query rows held, block_n key rows streamed
+                               (deterministic=True only)
+A config comes from, in order: a sweep's override (`overridden`), the GPU's measured table
+(kernels/tuning_tables/<gpu-slug>.json, written by scripts/gpu_suite.py), the built-in rules
+below (pointer loads until a GPU's table says descriptors are faster; FLASHTRAIN_TMA=1 or 0
+decides for every launch); then it is shrunk until its shared memory fits the GPU (`fit_shared_memory`), and a launch
+that still runs out of resources steps down and remembers the step (`launch_fitted`).
+Under TRITON_INTERPRET=1 one small configuration per kind keeps CPU tests fast while still
+exercising several tiles, unequal tile sizes and masked tails.
 """
 
 import contextlib
 import json
 import os
 import re
+import warnings
 from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
+
+KINDS = ("fwd", "dkdv", "dq")
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    block_m: int  # query rows per tile
-    block_n: int  # key rows per tile
+    block_m: int  # query rows per tile (held by fwd and dq programs, streamed by dkdv)
+    block_n: int  # key rows per tile (streamed by fwd and dq, held by dkdv)
     block_d: int  # head_dim padded to a power of two
     num_warps: int
     num_stages: int
+    tma: bool = False  # tensor-descriptor loads/stores where possible (flashtrain.kernels.tma)
 
 
 def interpreted() -> bool:
@@ -40,9 +56,8 @@ def gpu_capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device)
 
 
-def _small_smem(capability: tuple[int, int]) -> bool:
-    """Pre-Hopper parts (and consumer cards) have too little shared memory for 3+ stages at d=128."""
-    return capability[0] < 9
+def block_d_for(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
 
 
 def _fit_sparse(cfg: TileConfig, sparse_block: int) -> TileConfig:
@@ -52,8 +67,93 @@ def _fit_sparse(cfg: TileConfig, sparse_block: int) -> TileConfig:
     return replace(cfg, block_m=min(cfg.block_m, sparse_block), block_n=min(cfg.block_n, sparse_block))
 
 
+# ------------------------------------------------------------------ shared memory
+# Opt-in shared memory per block by compute capability, for a compile check's stand-in GPU
+# (a real GPU is asked): A100/H100 class parts and the consumer ones.
+_SHARED_BY_CAPABILITY = {(8, 0): 166912, (8, 7): 166912, (9, 0): 232448, (10, 0): 232448}
+_SHARED_DEFAULT = 101376  # sm_86 / sm_89 / sm_120
+
+
+def max_shared_memory(device: torch.device) -> int | None:
+    """Bytes of shared memory a block may use on `device`; None where nothing compiles for a
+    GPU (interpreter, CPU)."""
+    capability = gpu_capability(device)
+    if capability is None:
+        return None
+    if device.type == "cuda":
+        from triton.runtime import driver
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    return _SHARED_BY_CAPABILITY.get(tuple(capability), _SHARED_DEFAULT)
+
+
+def shared_bytes(kind: str, cfg: TileConfig, element_size: int) -> int:
+    """Shared memory Triton allocates for a config: the held tiles plus num_stages buffers of
+    every streamed tile (fwd: Q held, K and V streamed; dkdv: K and V held, Q and dO streamed,
+    plus the atomic-dQ pass's float32 (block_m, block_d) staging; dq: Q and dO held, K and V
+    streamed). Against Triton 3.9's sm_90 cubins: exact for fwd and dq and for dkdv with 64-row
+    query tiles, an upper bound where the pipeliner buffers less (Ampere keeps Q in registers),
+    and up to ~20% short for dkdv with 32-row query tiles (layout-conversion scratch); what an
+    estimate misses, `launch_fitted` catches."""
+    d, e, stages = cfg.block_d, element_size, max(cfg.num_stages, 1)
+    if kind == "fwd":
+        return (cfg.block_m + 2 * stages * cfg.block_n) * d * e
+    if kind == "dkdv":
+        return (2 * cfg.block_n + 2 * stages * cfg.block_m) * d * e + cfg.block_m * d * 4 + 512
+    if kind == "dq":
+        return (2 * cfg.block_m + 2 * stages * cfg.block_n) * d * e
+    raise ValueError(f"unknown kernel kind {kind!r}; allowed: {KINDS}")
+
+
+def step_down(kind: str, cfg: TileConfig) -> TileConfig | None:
+    """The next smaller config: fewer stages first (speed lost least), then the streamed tile,
+    then the held one; None at the floor (16 x 16, one stage)."""
+    if cfg.num_stages > 1:
+        return replace(cfg, num_stages=cfg.num_stages - 1)
+    streamed, held = ("block_m", "block_n") if kind == "dkdv" else ("block_n", "block_m")
+    for field in (streamed, held):
+        if getattr(cfg, field) > 16:
+            return replace(cfg, **{field: getattr(cfg, field) // 2})
+    return None
+
+
+def fit_shared_memory(kind: str, cfg: TileConfig, element_size: int, limit: int | None) -> TileConfig:
+    """cfg, stepped down until shared_bytes fits `limit` (None: no limit)."""
+    while limit is not None and shared_bytes(kind, cfg, element_size) > limit:
+        smaller = step_down(kind, cfg)
+        if smaller is None:
+            break  # the floor: let the launch report what does not fit
+        cfg = smaller
+    return cfg
+
+
+_STEPPED: dict[tuple[str, TileConfig], TileConfig] = {}  # (kind, config) -> one that launched
+
+
+def launch_fitted(kind: str, cfg: TileConfig, launch):
+    """launch(cfg); where Triton finds at the first launch that the compiled kernel needs more
+    shared memory or registers than the GPU has (OutOfResources, raised before anything runs),
+    step down and launch again, remembering the step for later launches of this config."""
+    wanted = cfg
+    cfg = _STEPPED.get((kind, wanted), wanted)
+    while True:
+        try:
+            return launch(cfg)
+        except OutOfResources as err:
+            smaller = step_down(kind, cfg)
+            if smaller is None:
+                raise
+            warnings.warn(f"{kind} config {cfg} does not fit this GPU ({err}); using {smaller}",
+                          stacklevel=2)  # fmt: skip
+            _STEPPED[(kind, wanted)] = cfg = smaller
+
+
+# ------------------------------------------------------------------ per-GPU tables
 TABLES = Path(__file__).resolve().parent / "tuning_tables"
 _OVERRIDES: dict[str, TileConfig] = {}  # kind -> config, set by a tile sweep (`overridden`)
+_FORCED_TMA: list[bool] = []  # innermost `forced_tma` value last
+TMA_ENV = "FLASHTRAIN_TMA"  # 1: descriptors wherever possible, 0: never; unset: the config's choice
 
 
 def gpu_slug(name: str) -> str:
@@ -62,8 +162,8 @@ def gpu_slug(name: str) -> str:
 
 
 def table_key(kind: str, head_dim: int, dtype: torch.dtype) -> str:
-    """kind: fwd | bwd; head_dim padded to its block_d; dtype without the torch. prefix."""
-    return f"{kind}/{max(16, triton.next_power_of_2(head_dim))}/{str(dtype).removeprefix('torch.')}"
+    """kind: fwd | dkdv | dq; head_dim padded to its block_d; dtype without the torch. prefix."""
+    return f"{kind}/{block_d_for(head_dim)}/{str(dtype).removeprefix('torch.')}"
 
 
 @cache
@@ -88,7 +188,10 @@ def table_payload(device_name: str, configs: dict[str, TileConfig]) -> dict:
 
 @contextlib.contextmanager
 def overridden(kind: str, cfg: TileConfig):
-    """Launches of `kind` (fwd | bwd) use cfg (block_d still follows head_dim) inside the block."""
+    """Launches of `kind` (fwd | dkdv | dq) use cfg (block_d still follows head_dim) inside the
+    block."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kernel kind {kind!r}; allowed: {KINDS}")
     _OVERRIDES[kind] = cfg
     try:
         yield
@@ -96,43 +199,83 @@ def overridden(kind: str, cfg: TileConfig):
         del _OVERRIDES[kind]
 
 
-def _chosen(kind: str, head_dim: int, dtype, device, builtin) -> TileConfig:
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    cfg = _OVERRIDES.get(kind) or table_entry(kind, head_dim, dtype, device)
-    return replace(cfg, block_d=block_d) if cfg else builtin(head_dim, dtype, device)
+@contextlib.contextmanager
+def forced_tma(enabled: bool):
+    """Every launch inside the block asks for descriptor loads (True) or pointer loads (False),
+    whatever its config says; the GPU suite checks both paths this way."""
+    _FORCED_TMA.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _FORCED_TMA.pop()
+
+
+def _tma_choice(cfg: TileConfig) -> bool:
+    if _FORCED_TMA:
+        return _FORCED_TMA[-1]
+    env = os.environ.get(TMA_ENV, "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    if env:
+        raise ValueError(f"{TMA_ENV}={env!r} is not understood; allowed: 1, 0 or unset")
+    return cfg.tma
+
+
+def config(kind: str, head_dim: int, dtype: torch.dtype, device: torch.device,
+           sparse_block: int = 0) -> TileConfig:  # fmt: skip
+    """The config a launch of `kind` uses (see the module docstring for the order)."""
+    block_d = block_d_for(head_dim)
+    chosen = _OVERRIDES.get(kind) or table_entry(kind, head_dim, dtype, device)
+    cfg = replace(chosen, block_d=block_d) if chosen else _BUILTIN[kind](block_d, dtype, device)
+    cfg = replace(_fit_sparse(cfg, sparse_block), tma=_tma_choice(cfg))
+    return fit_shared_memory(kind, cfg, dtype.itemsize, max_shared_memory(device))
 
 
 def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, sparse_block: int = 0):
-    return _fit_sparse(_chosen("fwd", head_dim, dtype, device, _forward_config), sparse_block)
+    return config("fwd", head_dim, dtype, device, sparse_block)
 
 
-def backward_config(head_dim: int, dtype: torch.dtype, device: torch.device, sparse_block: int = 0):
-    """block_n: the key tile held by a dK/dV program; block_m: the query tile it streams.
-    The dQ kernel uses the transpose (block_n queries held, block_m keys streamed)."""
-    return _fit_sparse(_chosen("bwd", head_dim, dtype, device, _backward_config), sparse_block)
-
-
-def _forward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
-    block_d = max(16, triton.next_power_of_2(head_dim))
+# ------------------------------------------------------------------ built-in rules
+# Chosen from what compiles well for sm_90 / sm_80 (Triton 3.9's cubins: shared memory, registers,
+# spills; tests/attention/kernel_compile.py), not yet from GPU timings: the GPU suite's sweep
+# measures the alternatives (and TMA) and writes the per-GPU table that replaces these.
+def _forward_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
     capability = gpu_capability(device)
     if capability is None:
         return TileConfig(32, 16, block_d, 4, 1)
     wide = dtype == torch.float32  # fp32 tiles take twice the registers and shared memory
-    stages = 2 if _small_smem(capability) else 3
+    if capability[0] >= 9:  # Hopper: 227 KiB of shared memory, 128 x 128 tiles
+        if block_d <= 64:
+            return TileConfig(128, 64 if wide else 128, block_d, 8, 3)
+        if block_d <= 128:
+            return TileConfig(128, 32 if wide else 128, block_d, 8, 2)
+        return TileConfig(64, 32 if wide else 64, block_d, 8, 2)
+    # Ampere / Ada: 2 stages (fit_shared_memory trims the consumer parts' 99 KiB further)
     if block_d <= 64:
-        return TileConfig(128, 64 if not wide else 32, block_d, 4, stages)
+        return TileConfig(128, 32 if wide else 64, block_d, 4, 2)
     if block_d <= 128:
-        return TileConfig(128, 64 if not wide else 32, block_d, 8, stages)
-    return TileConfig(64, 32, block_d, 4, 2)
+        return TileConfig(128, 32 if wide else 64, block_d, 8, 2)
+    return TileConfig(64, 32, block_d, 8, 2)
 
 
-def _backward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
-    block_d = max(16, triton.next_power_of_2(head_dim))
+def _dkdv_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
+    """32 streamed query rows: the fewest spills of the atomic-dQ pass at d <= 128 (64 x 128
+    spills twice as much on sm_90)."""
     if gpu_capability(device) is None:
         return TileConfig(16, 32, block_d, 4, 1)
     wide = dtype == torch.float32
-    if block_d <= 64:
-        return TileConfig(64 if not wide else 32, 128 if not wide else 64, block_d, 8, 2)
     if block_d <= 128:
-        return TileConfig(32, 128 if not wide else 64, block_d, 8, 2)
-    return TileConfig(32, 64 if not wide else 32, block_d, 8, 1)
+        return TileConfig(32, 64 if wide else 128, block_d, 8, 2)
+    return TileConfig(32, 32 if wide else 64, block_d, 8, 1)
+
+
+def _dq_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
+    if gpu_capability(device) is None:
+        return TileConfig(32, 16, block_d, 4, 1)
+    wide = dtype == torch.float32
+    if block_d <= 128:
+        return TileConfig(64 if wide else 128, 32 if wide else 64, block_d, 8, 2)
+    return TileConfig(64, 32, block_d, 8, 1)
+
+
+_BUILTIN = {"fwd": _forward_rule, "dkdv": _dkdv_rule, "dq": _dq_rule}

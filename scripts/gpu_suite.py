@@ -6,7 +6,8 @@
 Sections, in this order: correctness (ours vs float32 math at real sizes, dropout keep rate, the
 `gpu` pytest marks), peaks (bf16 8192^3 matmul, device copy bandwidth), attention (vs SDPA's
 FLASH/CUDNN/EFFICIENT backends and compiled FlexAttention, the issue's targets as ratios),
-sweep (tile configs vs the built-in rules; the winning per-GPU table to DIR/tuning_tables/),
+sweep (tile configs of the forward, dK/dV and dQ kernels, pointer and TMA loads, vs the built-in
+rules; the winning per-GPU table to DIR/tuning_tables/),
 training (GPT-2 small at 1K and 16K through the trainer, flash vs sdpa, compile off and on),
 long (64K tokens fwd+bwd, B1 H16 hd128). DIR/suite.json holds everything (rewritten after every
 measurement), DIR/summary.md the tables, DIR/*.png the plots. A section that does not fit the
@@ -273,7 +274,9 @@ def section_sweep(suite: Suite, sec: dict, deadline: float) -> None:
         rep=2 if dry else suite.args.rep,
         device=suite.device,
         deadline=deadline,
-        candidates={"fwd": [(32, 16, 4, 1)], "bwd": [(16, 32, 4, 1)]} if dry else None,
+        candidates={"fwd": [(32, 16, 4, 1)], "dkdv": [(16, 32, 4, 1)], "dq": [(32, 16, 4, 1)]}
+        if dry
+        else None,
     )
     sec["rows"] = rows
     table = tile_sweep.table_for(suite.device, winners)
@@ -380,6 +383,7 @@ def summary_markdown(state: dict) -> str:
         for r in sweep["rows"]:
             c = r["config"]
             cfg = f"{c['block_m']}x{c['block_n']} w{c['num_warps']} s{c['num_stages']}"
+            cfg += " tma" if c.get("tma") else ""
             lines.append(
                 f"| {r['key']} | {cfg} | {_fmt(r.get('ms'))} | {_fmt(r.get('builtin_ms'))} | {_fmt(r.get('speedup_vs_builtin'))} |"
             )

@@ -3,6 +3,8 @@
 On machines without CUDA the Triton kernels run through the interpreter: TRITON_INTERPRET must be
 set before triton is first imported, hence here at collection time.
 
+Nested @triton.jit calls skip the interpreter's redundant re-patching (interpreter_speed.py).
+
 Every test runs on one intra-op thread: the test shapes are tiny and gain nothing from more, and
 on a machine whose cores are shared, OpenMP's spinning worker threads make each small op many
 times slower.
@@ -17,6 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test touches the network (tok
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import interpreter_speed
+
+    interpreter_speed.install()
 
 
 @pytest.fixture(autouse=True)

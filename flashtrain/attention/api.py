@@ -165,7 +165,7 @@ def blocksparse_attn_func(
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D). block_mask: bool (Hm, ceil(Sq/bs), ceil(Sk/bs)),
     Hm 1 (shared) or Hq, or a BlockSparseLayout from flashtrain.attention.sparsity (whose
-    compiled tables are cached across calls; a raw mask is compiled on every call).
+    compiled tables are cached across calls; so are a raw mask's, while it lives unchanged).
     Rows whose blocks are all empty return 0 with lse -inf and pass no gradient. The other
     options and the return values are those of flash_attn_func.
     """

@@ -14,6 +14,7 @@ entirely are dropped, so the kernels never visit them.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -122,3 +123,24 @@ class BlockSparseLayout:
             f"BlockSparseLayout({self.name}, heads={h}, blocks={nq}x{nk}, "
             f"block_size={self.block_size}, density={self.density:.3f})"
         )
+
+
+# Raw block masks passed call after call (a model holding a mask tensor) compile once: the layout
+# (built from a copy, so the cache keeps no mask alive) lives as long as the mask, and is rebuilt
+# if the mask is changed in place (its version counter). id -> (weak ref, key, layout)
+_LAYOUTS_OF_MASKS: dict[int, tuple[weakref.ref, tuple[int, int], BlockSparseLayout]] = {}
+
+
+def layout_for_mask(block_mask: torch.Tensor, block_size: int) -> BlockSparseLayout:
+    """The cached layout of a raw bool block mask (its tables are then cached per device and
+    sequence lengths, so repeated calls make no new tables and no host-to-device copy)."""
+    key = (block_mask._version, block_size)
+    entry = _LAYOUTS_OF_MASKS.get(id(block_mask))
+    known = entry is not None and entry[0]() is block_mask
+    if known and entry[1] == key:
+        return entry[2]
+    layout = BlockSparseLayout(block_mask.detach().clone(), block_size)
+    if not known:
+        weakref.finalize(block_mask, _LAYOUTS_OF_MASKS.pop, id(block_mask), None)
+    _LAYOUTS_OF_MASKS[id(block_mask)] = (weakref.ref(block_mask), key, layout)
+    return layout

@@ -149,7 +149,11 @@ def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
 
 def check_block_mask(block_mask, block_size: int, q: torch.Tensor, k: torch.Tensor):
     """A bool (Hm, ceil(Sq/bs), ceil(Sk/bs)) mask or a BlockSparseLayout -> the layout."""
-    from flashtrain.attention.block_layout import SUPPORTED_BLOCK_SIZES, BlockSparseLayout
+    from flashtrain.attention.block_layout import (
+        SUPPORTED_BLOCK_SIZES,
+        BlockSparseLayout,
+        layout_for_mask,
+    )
 
     if isinstance(block_mask, BlockSparseLayout):
         layout = block_mask
@@ -165,7 +169,7 @@ def check_block_mask(block_mask, block_size: int, q: torch.Tensor, k: torch.Tens
             )
         if block_mask.dtype != torch.bool:
             raise ValueError(f"block_mask must be a bool tensor, got {block_mask.dtype}")
-        layout = BlockSparseLayout(block_mask, block_size)
+        layout = layout_for_mask(block_mask, block_size)
     else:
         raise ValueError(
             "block_mask must be a bool tensor or a flashtrain.attention.sparsity layout, got "

@@ -4,6 +4,7 @@ done in PyTorch in the input's precision, plus a small floor), and dropout's kee
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from flashtrain.attention import (
     sparsity,
 )
 from flashtrain.attention.reference import attention_reference, expand_block_mask
+from flashtrain.kernels import tuning
 
 FLOOR = 1e-3  # absolute slack: errors of both sides can be ~0 at some elements
 
@@ -31,6 +33,8 @@ class Case:
     batch: int = 2
     seqlen: int = 1024
     heads: int = 4
+    loads: str = "table"  # table (the config's choice) | descriptor | pointer
+    deterministic: bool = False  # True: the two-kernel backward (no atomics)
 
 
 def cases(dry_run: bool) -> list[Case]:
@@ -48,6 +52,19 @@ def cases(dry_run: bool) -> list[Case]:
         for dt in dtypes:
             sized = dict(size, seqlen=200) if dry_run and kind == "blocksparse" else size
             out.append(Case(f"{str(dt)[6:]} {kind}", dt, head_dims[-2], True, kind, **sized))
+    # Both load paths whatever the table chose (descriptors only where the GPU has them), and
+    # the deterministic backward, on the last dtype (bf16 on a GPU)
+    dt, d = dtypes[-1], head_dims[-2]
+    for loads in ("descriptor", "pointer"):
+        for kind in ("dense", "gqa", "varlen", "blocksparse"):
+            sized = dict(size, seqlen=200) if dry_run and kind == "blocksparse" else size
+            out.append(Case(f"{str(dt)[6:]} {kind} {loads} loads", dt, d, True, kind, loads=loads,
+                            **sized))  # fmt: skip
+        out.append(Case(f"{str(dt)[6:]} hd{head_dims[0]} full {loads} loads", dt, head_dims[0],
+                        False, loads=loads, **size))  # fmt: skip
+    for kind in ("dense", "varlen"):
+        out.append(Case(f"{str(dt)[6:]} {kind} deterministic", dt, d, True, kind,
+                        deterministic=True, **size))  # fmt: skip
     return out
 
 
@@ -64,9 +81,10 @@ def _forward(case: Case, q, k, v):
         block = 64 if case.seqlen < 1024 else 128  # the layouts' allowed block sizes
         layout = sparsity.PATTERNS["local"](case.seqlen, block_size=block, window_blocks=1)
         mask = expand_block_mask(layout.block_mask, block, case.seqlen, case.seqlen)
-        out = blocksparse_attn_func(q, k, v, layout, causal=case.causal)
+        out = blocksparse_attn_func(q, k, v, layout, causal=case.causal,
+                                    deterministic=case.deterministic)  # fmt: skip
         return out, mask[None] if mask.dim() == 3 else mask, {}
-    return flash_attn_func(q, k, v, causal=case.causal), None, {}
+    return flash_attn_func(q, k, v, causal=case.causal, deterministic=case.deterministic), None, {}
 
 
 def _varlen(case: Case, q, k, v):
@@ -76,7 +94,8 @@ def _varlen(case: Case, q, k, v):
     cu = torch.tensor(cuts, dtype=torch.int32, device=q.device)
     lens = [b - a for a, b in zip(cuts, cuts[1:])]
     flat = [t.reshape(total, *t.shape[2:]) for t in (q, k, v)]
-    out = flash_attn_varlen_func(*flat, cu, cu, max(lens), max(lens), causal=case.causal)
+    out = flash_attn_varlen_func(*flat, cu, cu, max(lens), max(lens), causal=case.causal,
+                                 deterministic=case.deterministic)  # fmt: skip
     return out.reshape(q.shape), cuts
 
 
@@ -104,13 +123,19 @@ def check_case(case: Case, device) -> dict:
         for s in (shape_q, shape_kv, shape_kv)
     )
     cuts = None
-    if case.kind == "varlen":
-        out, cuts = _varlen(case, q, k, v)
-        mask, kwargs = None, {}
-    else:
-        out, mask, kwargs = _forward(case, q, k, v)
-    dout = torch.randn(out.shape, generator=gen, device=device, dtype=case.dtype)
-    ours = [out, *torch.autograd.grad(out, (q, k, v), dout)]
+    loads = (
+        contextlib.nullcontext()
+        if case.loads == "table"
+        else tuning.forced_tma(case.loads == "descriptor")
+    )
+    with loads:
+        if case.kind == "varlen":
+            out, cuts = _varlen(case, q, k, v)
+            mask, kwargs = None, {}
+        else:
+            out, mask, kwargs = _forward(case, q, k, v)
+        dout = torch.randn(out.shape, generator=gen, device=device, dtype=case.dtype)
+        ours = [out, *torch.autograd.grad(out, (q, k, v), dout)]
     results = {}
     for upcast in (True, False):
         ref_out = _reference(case, q, k, v, mask, kwargs, upcast, cuts)
@@ -123,6 +148,8 @@ def check_case(case: Case, device) -> dict:
         "head_dim": case.head_dim,
     }
     row["causal"] = case.causal
+    row["loads"] = case.loads
+    row["deterministic"] = case.deterministic
     ok = True
     for name, mine, exact, lowp in zip(
         ("out", "dq", "dk", "dv"), ours, results[True], results[False]

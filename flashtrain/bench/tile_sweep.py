@@ -1,37 +1,59 @@
-"""The tile-config sweep of the GPU suite: time each candidate forward and backward config of
+"""The tile-config sweep of the GPU suite: time candidate configs of each kernel kind of
 kernels/tuning.py against the built-in rules, keep the fastest per (kind, head_dim, dtype), and
-return it as a per-GPU table (kernels/tuning_tables/<gpu-slug>.json)."""
+return them as a per-GPU table (kernels/tuning_tables/<gpu-slug>.json).
+
+Kinds are timed where they run: fwd on the forward; dkdv on forward + backward with the default
+deterministic=False (its atomic-dQ pass); dq on forward + backward with deterministic=True, with
+dkdv's winner in place. Each kind's pointer-load candidates go first; the two fastest are then
+timed again with tensor-descriptor (TMA) loads, where the GPU and Triton have them.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from dataclasses import replace
 
 import torch
 
 from flashtrain.attention import flash_attn_func
 from flashtrain.bench import baselines, measure
 from flashtrain.bench.attention_rows import random_qkv
-from flashtrain.kernels import tuning
+from flashtrain.kernels import tma, tuning
 from flashtrain.kernels.tuning import TileConfig
 
-# (block_m, block_n, num_warps, num_stages); Hopper's 227 KB of shared memory fits all at
-# hd <= 128 in 16-bit; a config a GPU cannot launch is recorded as failed and never chosen.
-FORWARD_CANDIDATES = [
-    (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 4, 2), (128, 64, 4, 3),
-    (128, 64, 8, 3), (128, 64, 4, 4), (128, 64, 8, 2), (64, 64, 4, 3),
-]  # fmt: skip
-# backward: block_n keys held by a dK/dV program, block_m queries streamed
-BACKWARD_CANDIDATES = [
-    (64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2),
-    (64, 128, 8, 1), (128, 128, 8, 2), (64, 128, 4, 2),
-]  # fmt: skip
+# (block_m, block_n, num_warps, num_stages). Configs that do not fit a GPU's shared memory are
+# trimmed by tuning.fit_shared_memory (recorded as the config actually timed); one that fails
+# to launch is recorded as failed and never chosen.
+CANDIDATES = {
+    # fwd: block_m queries held, block_n keys streamed
+    "fwd": [
+        (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 4, 2), (128, 64, 4, 3),
+        (128, 64, 8, 3), (128, 64, 4, 4), (128, 64, 8, 2), (64, 64, 4, 3),
+    ],
+    # dkdv: block_n keys held, block_m queries streamed
+    "dkdv": [
+        (64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2),
+        (64, 128, 8, 1), (128, 128, 8, 2), (64, 128, 4, 2),
+    ],
+    # dq: block_m queries held, block_n keys streamed
+    "dq": [
+        (128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (128, 64, 4, 3),
+        (64, 32, 4, 2), (128, 128, 8, 2),
+    ],
+}  # fmt: skip
+TMA_RETRIES = 2  # the fastest pointer configs timed again with descriptor loads
 
 
 def _timed(kind: str, q, k, v, rep: int, device) -> float | None:
-    """Summed median ms over causal and not: the forward (kind fwd) or fwd+bwd (kind bwd)."""
+    """Summed median ms over causal and not: the forward (fwd) or forward + backward (dkdv with
+    the atomic-dQ backward, dq with the deterministic one)."""
     total = 0.0
+    deterministic = kind == "dq"
     for causal in (False, True):
-        fwd = lambda causal=causal: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+        fwd = lambda causal=causal: flash_attn_func(  # noqa: E731
+            q, k, v, causal=causal, deterministic=deterministic
+        )
         fn = fwd if kind == "fwd" else baselines.with_backward(fwd, (q, k, v))
         try:
             m = measure.measure(fn, rep=rep, device=device)
@@ -47,40 +69,75 @@ def _failed(err: Exception) -> None:
     print(f"  config failed: {type(err).__name__}: {str(err).splitlines()[0][:100]}", flush=True)
 
 
+def _sweep_kind(kind, key, q, k, v, pool, rep, device, deadline, rows) -> TileConfig | None:
+    """Time the built-in config and every candidate of one kind; the winner, if it beats the
+    built-in one."""
+    builtin = _timed(kind, q, k, v, rep, device)
+    timed: list[tuple[float, TileConfig]] = []
+
+    def time_one(cfg: TileConfig) -> None:
+        if time.monotonic() > deadline:
+            rows.append({"key": key, "config": cfg.__dict__, "note": "skipped: budget"})
+            return
+        with tuning.overridden(kind, cfg):
+            ms = _timed(kind, q, k, v, rep, device)
+        ratio = builtin / ms if ms and builtin else None
+        rows.append({"key": key, "config": cfg.__dict__, "ms": ms, "builtin_ms": builtin,
+                     "speedup_vs_builtin": ratio})  # fmt: skip
+        label = f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+        print(
+            f"  {key} {label}{' tma' if cfg.tma else ''}: {ms} ms (built-in {builtin})", flush=True
+        )
+        if ms is not None:
+            timed.append((ms, cfg))
+
+    for cfg in pool:
+        time_one(cfg)
+    if tma.available(torch.device(device)):
+        fastest = [cfg for _, cfg in sorted(timed, key=lambda t: t[0])[:TMA_RETRIES]]
+        for cfg in fastest:
+            time_one(replace(cfg, tma=True))
+    if not timed:
+        return None
+    best_ms, best = min(timed, key=lambda t: t[0])
+    return best if builtin is None or best_ms < builtin else None
+
+
 def sweep(
     *, head_dims, dtype, seqlen, tokens, rep, device, deadline: float, candidates=None
 ) -> tuple[dict[str, TileConfig], list[dict]]:
     """Winning configs by table key, and one row per timed (key, config) with its ratio to the
-    built-in config. Stops timing new candidates at `deadline` (time.monotonic())."""
+    built-in config. Stops timing new candidates at `deadline` (time.monotonic()).
+    candidates: {kind: [(block_m, block_n, warps, stages), ...]} in place of CANDIDATES."""
     winners: dict[str, TileConfig] = {}
     rows: list[dict] = []
+    pools = candidates or CANDIDATES
     for head_dim in head_dims:
         heads = max(1, 2048 // head_dim)
         q, k, v = random_qkv(
             max(1, tokens // seqlen), seqlen, heads, head_dim, device=device, dtype=dtype
         )
-        block_d = max(16, 1 << (head_dim - 1).bit_length())
-        for kind, pool in (("fwd", FORWARD_CANDIDATES), ("bwd", BACKWARD_CANDIDATES)):
+        block_d = tuning.block_d_for(head_dim)
+        limit = tuning.max_shared_memory(torch.device(device))
+        for kind in tuning.KINDS:
             key = tuning.table_key(kind, head_dim, dtype)
-            builtin = _timed(kind, q, k, v, rep, device)
-            best: tuple[float, TileConfig] | None = None
-            for m, n, warps, stages in (candidates or {}).get(kind, pool):
+            pool = []
+            for m, n, warps, stages in pools.get(kind, ()):
                 cfg = TileConfig(m, n, block_d, warps, stages)
-                if time.monotonic() > deadline:
-                    rows.append({"key": key, "config": cfg.__dict__, "note": "skipped: budget"})
-                    continue
-                with tuning.overridden(kind, cfg):
-                    ms = _timed(kind, q, k, v, rep, device)
-                ratio = builtin / ms if ms and builtin else None
-                rows.append({"key": key, "config": cfg.__dict__, "ms": ms, "builtin_ms": builtin,
-                             "speedup_vs_builtin": ratio})  # fmt: skip
-                print(
-                    f"  {key} {m}x{n} w{warps} s{stages}: {ms} ms (built-in {builtin})", flush=True
-                )
-                if ms is not None and (best is None or ms < best[0]):
-                    best = (ms, cfg)
-            if best is not None and (builtin is None or best[0] < builtin):
-                winners[key] = best[1]
+                cfg = tuning.fit_shared_memory(kind, cfg, dtype.itemsize, limit)
+                if cfg not in pool:
+                    pool.append(cfg)
+            # dq is timed with dkdv's winner in place (the backward it runs in)
+            dkdv_winner = winners.get(tuning.table_key("dkdv", head_dim, dtype))
+            in_place = (
+                tuning.overridden("dkdv", dkdv_winner)
+                if kind == "dq" and dkdv_winner
+                else contextlib.nullcontext()
+            )
+            with in_place:
+                best = _sweep_kind(kind, key, q, k, v, pool, rep, device, deadline, rows)
+            if best is not None:
+                winners[key] = best
     return winners, rows
 
 

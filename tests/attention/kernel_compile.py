@@ -109,6 +109,7 @@ def _resources(kernel) -> dict:
         registers=int(re.search(r"REG:(\d+)", usage).group(1)),
         stack=int(re.search(r"STACK:(\d+)", usage).group(1)),
         shared=kernel.metadata.shared,
+        tma="cp.async.bulk.tensor" in kernel.asm["ptx"],  # descriptor loads compiled in
     )
 
 
@@ -124,9 +125,10 @@ def _attention(
     softcap=0.0,
     alibi=False,
     deterministic=True,
+    tma=False,
 ):
     """One forward and one backward launch (real shapes are irrelevant: nothing runs);
-    deterministic=False: the atomic-dQ backward."""
+    deterministic=False: the atomic-dQ backward; tma: tensor-descriptor loads and stores."""
     batch, seqlen, heads_q, heads_kv = 2, 256, 4, 2
     if varlen:
         q = torch.empty(batch * seqlen, heads_q, head_dim, dtype=dtype)
@@ -154,20 +156,21 @@ def _attention(
         layout = BlockSparseLayout(torch.ones(1, 2, 2, dtype=torch.bool), 128)
         opts.update(tables=layout.tables(seqlen, seqlen, causal, "cpu").as_list(), block_size=128)
     out = torch.empty_like(q)
-    flash_forward(q, k, k, out, lse, **opts)
-    flash_backward(
-        out,
-        q,
-        k,
-        k,
-        out,
-        lse,
-        torch.empty_like(q),
-        torch.empty_like(k),
-        torch.empty_like(k),
-        deterministic=deterministic,
-        **opts,
-    )
+    with tuning.forced_tma(tma):
+        flash_forward(q, k, k, out, lse, **opts)
+        flash_backward(
+            out,
+            q,
+            k,
+            k,
+            out,
+            lse,
+            torch.empty_like(q),
+            torch.empty_like(k),
+            torch.empty_like(k),
+            deterministic=deterministic,
+            **opts,
+        )
 
 
 def launches():
@@ -202,6 +205,20 @@ def launches():
             head_dim=200, dtype=torch.float32, sparse=True, softcap=5.0, alibi=True, dropout_p=0.2
         ),
     )
+    yield (
+        "dense bf16 d128 tma atomic dQ",
+        lambda: _attention(head_dim=128, dtype=torch.bfloat16, deterministic=False, tma=True),
+    )
+    yield (
+        "varlen fp16 d72 tma dropout",
+        lambda: _attention(head_dim=72, dtype=torch.float16, varlen=True, dropout_p=0.1, tma=True),
+    )
+    yield (
+        "sparse bf16 d64 tma",
+        lambda: _attention(head_dim=64, dtype=torch.bfloat16, sparse=True, tma=True),
+    )
+    yield "dense fp32 d256 full", lambda: _attention(
+        head_dim=256, dtype=torch.float32, causal=False, deterministic=False)  # fmt: skip
     yield "dropout mask", lambda: dropout_keep_mask(torch.tensor([5]), 2, 4, 100, 70, 0.2, "cpu")
     yield "dropout mask varlen int seed", lambda: dropout_keep_mask(
         7, 2, 4, 100, 70, 0.2, "cpu", torch.tensor([0, 30, 100], dtype=torch.int32),

@@ -206,3 +206,29 @@ def test_backends_agree_on_sparse_causal():
             del os.environ["FLASHTRAIN_CPU_ATTENTION"]
     for a, b in zip(results["triton"], results["torch"]):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.single_route
+def test_raw_mask_tables_are_compiled_once_while_the_mask_is_unchanged():
+    """A raw mask passed call after call reuses its compiled tables (no per-call table build or
+    host-to-device copy on a GPU); changing the mask in place recompiles them."""
+    from flashtrain.attention.validation import check_block_mask
+
+    q = torch.zeros(1, 256, 2, 16)
+    mask = torch.ones(1, 2, 2, dtype=torch.bool)
+    first = check_block_mask(mask, 128, q, q)
+    tables = first.tables(256, 256, True, q.device)
+    again = check_block_mask(mask, 128, q, q)
+    assert again is first and again.tables(256, 256, True, q.device) is tables
+    mask[0, 0, 1] = False
+    changed = check_block_mask(mask, 128, q, q)
+    assert changed is not first and not changed.block_mask[0, 0, 1]
+    assert check_block_mask(mask.clone(), 128, q, q) is not changed  # another tensor
+    import gc
+
+    from flashtrain.attention import block_layout
+
+    mask_id = id(mask)
+    del mask, first, again, changed
+    gc.collect()
+    assert mask_id not in block_layout._LAYOUTS_OF_MASKS  # the cache keeps no mask alive

@@ -11,9 +11,9 @@ import pytest
 
 SCRIPT = Path(__file__).with_name("kernel_compile.py")
 REPO = SCRIPT.parents[2]
-# 4 deterministic attention launches (forward, preprocess, dK/dV, dQ), 3 with the atomic-dQ
+# 6 deterministic attention launches (forward, preprocess, dK/dV, dQ), 5 with the atomic-dQ
 # backward (forward, preprocess, dK/dV with dQ) and 2 dropout-mask launches
-EXPECTED_KERNELS = 4 * 4 + 3 * 3 + 2
+EXPECTED_KERNELS = 6 * 4 + 5 * 3 + 2
 
 
 def _compile(tmp_path, *args) -> list[dict]:
@@ -35,7 +35,18 @@ def test_kernels_compile_for_hopper(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [80, 90])
 def test_kernels_compile_to_cubin(tmp_path, arch):
-    """The whole pipeline to a cubin (minutes): LLVM lowering, ptxas, resources reported."""
+    """The whole pipeline to a cubin (minutes): LLVM lowering, ptxas, resources reported. Every
+    kernel's shared memory fits the GPU (the built-in configs after fit_shared_memory), and the
+    launches that ask for descriptors get TMA instructions on Hopper and pointer loads before."""
+    from flashtrain.kernels.tuning import _SHARED_BY_CAPABILITY
+
     lines = _compile(tmp_path, "--arch", str(arch))
     assert len(lines) == EXPECTED_KERNELS
     assert all(line["registers"] > 0 for line in lines)
+    limit = _SHARED_BY_CAPABILITY[(arch // 10, arch % 10)]
+    assert all(line["shared"] <= limit for line in lines), [l for l in lines if l["shared"] > limit]
+    wants_tma = [
+        line for line in lines if " tma" in line["launch"] and "preprocess" not in line["kernel"]
+    ]
+    assert wants_tma and all(line["tma"] == (arch >= 90) for line in wants_tma)
+    assert not any(line["tma"] for line in lines if " tma" not in line["launch"])

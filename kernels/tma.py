@@ -1,0 +1,69 @@
+"""Whether a launch reads and writes its (seq, head_dim) tiles through tensor descriptors (TMA,
+Hopper's bulk copy engine: one instruction per tile, out-of-range rows zero-filled by the
+hardware) or through masked pointer loads.
+
+Descriptors are used when the config asks for them (TileConfig.tma), Triton has
+tl.make_tensor_descriptor, the GPU is Hopper or newer (the interpreter emulates descriptors, so
+CPU tests check the same code), and every tensor meets the hardware's alignment: a 16-byte
+aligned base and 16-byte multiples for the strides that address it. Otherwise the launch takes
+the pointer path: same results, no error.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from flashtrain.kernels import tuning
+from flashtrain.kernels.tuning import TileConfig, interpreted
+
+_ALIGN = 16  # bytes: TMA's rule for the global base address and the non-unit strides
+
+
+def available(device: torch.device) -> bool:
+    if not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    if interpreted():
+        return True
+    capability = tuning.gpu_capability(device)  # (a compile check stands in a GPU here)
+    return capability is not None and capability[0] >= 9
+
+
+def aligned(*tensors: torch.Tensor) -> bool:
+    """Base 16-byte aligned; the sequence stride (a descriptor's row stride) and every batch or
+    head stride a program offsets by (dims of size > 1) a multiple of 16 bytes."""
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % _ALIGN:
+            return False
+        for dim in range(t.dim() - 1):
+            is_row_stride = dim == t.dim() - 3  # (..., seq, head, head_dim)
+            if (is_row_stride or t.shape[dim] > 1) and (t.stride(dim) * size) % _ALIGN:
+                return False
+    return True
+
+
+def use_descriptors(cfg: TileConfig, device: torch.device, *tensors: torch.Tensor) -> bool:
+    """The kernels' TMA flag for a launch over `tensors` (every (.., seq, head, head_dim) tensor
+    the kernel reads or writes by tiles)."""
+    if not (cfg.tma and available(device) and aligned(*tensors)):
+        return False
+    _ensure_scratch_allocator()
+    return True
+
+
+_allocator_set = False
+
+
+def _ensure_scratch_allocator() -> None:
+    """Descriptors made on the device are written to a small global scratch per launch, which
+    Triton asks a process-wide allocator for (torch's caching allocator here, so CUDA graph
+    capture works)."""
+    global _allocator_set
+    if _allocator_set or interpreted():
+        return
+
+    def scratch(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+
+    triton.set_allocator(scratch)
+    _allocator_set = True
