@@ -71,8 +71,9 @@ def rows_source(base, stride_row, n_rows, HEAD_DIM: tl.constexpr, BLOCK_R: tl.co
     (Hopper's bulk copies; the hardware zero-fills reads and drops writes outside the matrix)
     or the base pointer (masked loads). The launcher decides TMA (flashtrain.kernels.tma)."""
     if TMA:
-        handle = tl.make_tensor_descriptor(base, shape=[n_rows, HEAD_DIM], strides=[stride_row, 1],
-                                           block_shape=[BLOCK_R, BLOCK_D])
+        # a descriptor's dimensions must be >= 1; an empty sequence's loop issues no load anyway
+        handle = tl.make_tensor_descriptor(base, shape=[tl.maximum(n_rows, 1), HEAD_DIM],
+                                           strides=[stride_row, 1], block_shape=[BLOCK_R, BLOCK_D])
     else:
         handle = base
     return handle, stride_row, n_rows
