@@ -75,7 +75,7 @@ class CorpusConfig(CachedDataConfig):
     split_seed: int = 1234
     text_field: str = "text"  # the column with the text (jsonl / parquet / csv)
     sample_by: str = "document"  # .txt files: document (a file) | paragraph | line
-    tokenizer: str = "byte"  # byte (no files) | gpt2 | wordpiece
+    tokenizer: str = "byte"  # byte | byte_mlm (+ BERT's specials; no files) | gpt2 | wordpiece
     tokenizer_path: str | None = None  # vocabulary folder or file (gpt2 / wordpiece)
     tokenizer_name: str = "bert-base-uncased"  # wordpiece: folder under <cache_dir>/tokenizers/
     lowercase: bool = True  # wordpiece
@@ -110,7 +110,8 @@ class LMCorpusConfig(CorpusConfig):
 
 @dataclass
 class MLMConfig(CorpusConfig):
-    """BERT masked-LM sequence pairs from a WordPiece token cache (flashtrain/data/mlm.py)."""
+    """BERT masked-LM sequence pairs from a token cache (flashtrain/data/mlm.py): WordPiece, or
+    bytes with BERT's special tokens (tokenizer byte_mlm, vocab_size 260: configs/data/pysrc_mlm)."""
 
     loader: str = "mlm"
     name: str = "bert_mlm"

@@ -1,4 +1,9 @@
-"""BERT pre-training batches: sequence pairs from a WordPiece token cache, masked as in BERT.
+"""BERT pre-training batches: sequence pairs from a token cache, masked as in BERT.
+
+The tokenizer must have [CLS] / [SEP] / [MASK] / [PAD]: WordPiece (data=bert_mlm), or UTF-8 bytes
+with those four appended as ids 256..259 (data.tokenizer=byte_mlm; data=pysrc_mlm). Only the
+tokens of A and B are ever chosen for prediction (never [CLS], [SEP] or padding), and a "random
+token" replacement draws from the vocabulary minus its special ids (for bytes: the 256 bytes).
 
 Each document is cut into pieces of at most seq_len - 3 tokens (room for [CLS] A [SEP] B [SEP]).
 An instance takes one piece, shortened to a random length with probability short_seq_prob, and
@@ -92,7 +97,8 @@ class MaskedLM(SampledDataModule):
         tok = build_tokenizer(cfg, cache_root(cfg))
         if tok.mask_id is None or tok.cls_id is None:
             raise ValueError(
-                f"MLM needs a tokenizer with [CLS]/[SEP]/[MASK]/[PAD]; got '{tok.name}'"
+                f"MLM needs a tokenizer with [CLS]/[SEP]/[MASK]/[PAD]: data.tokenizer=wordpiece "
+                f"or byte_mlm; got '{tok.name}'"
             )
         return tok
 

@@ -1,4 +1,5 @@
-"""Tokenizers: UTF-8 bytes (no files), GPT-2 byte-level BPE and BERT WordPiece (local files).
+"""Tokenizers: UTF-8 bytes (no files; `byte` for LMs, `byte_mlm` with BERT's special tokens),
+GPT-2 byte-level BPE and BERT WordPiece (local files).
 
 Every tokenizer has a `name` that pins down exactly what produced a token cache (kind plus a
 fingerprint of its vocabulary files); caches record it and refuse to load under another.
@@ -17,7 +18,18 @@ from pathlib import Path
 
 from flashtrain.data import hub
 
-TOKENIZER_KINDS = ("byte", "gpt2", "wordpiece")
+# Special tokens as {attribute: token}: a vocabulary file's ids are looked up by the token
+# (HFTokenizer); a byte vocabulary appends them after the 256 bytes, in this order (ByteTokenizer).
+_GPT2_SPECIALS = {"eos_id": "<|endoftext|>"}
+_BERT_SPECIALS = {"pad_id": "[PAD]", "cls_id": "[CLS]", "sep_id": "[SEP]", "mask_id": "[MASK]"}
+
+# byte tokenizer kind -> (name, special tokens): language models need <eos> (documents end in
+# it) and <pad>; masked-LM pairs need BERT's four (pieces are cut at a document's end: no <eos>).
+BYTE_VOCABS = {
+    "byte": ("byte-utf8", {"eos_id": "<eos>", "pad_id": "<pad>"}),
+    "byte_mlm": ("byte-utf8-mlm", _BERT_SPECIALS),
+}
+TOKENIZER_KINDS = (*BYTE_VOCABS, "gpt2", "wordpiece")
 
 # The files tiktoken caches for its "gpt2" encoding are named by the SHA-1 of their URL.
 _TIKTOKEN_GPT2 = {
@@ -48,12 +60,15 @@ class Tokenizer:
 
 
 class ByteTokenizer(Tokenizer):
-    """UTF-8 bytes as ids 0..255, then <eos> = 256 and <pad> = 257."""
+    """UTF-8 bytes as ids 0..255, then the kind's special tokens (BYTE_VOCABS): kind "byte"
+    <eos> = 256, <pad> = 257 (258 ids); kind "byte_mlm" [PAD] [CLS] [SEP] [MASK] = 256..259
+    (260 ids)."""
 
-    name = "byte-utf8"
-    vocab_size = 258
-    eos_id = 256
-    pad_id = 257
+    def __init__(self, kind: str = "byte"):
+        self.name, specials = BYTE_VOCABS[kind]
+        self.vocab_size = 256 + len(specials)
+        for offset, attribute in enumerate(specials):
+            setattr(self, attribute, 256 + offset)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [list(text.encode("utf-8")) for text in texts]
@@ -106,9 +121,6 @@ def _search_dirs(explicit: str | None, local_name: str, cache_root: Path, hub_re
         dirs.append(Path(os.environ["FLASHTRAIN_TOKENIZERS"]) / local_name)
     dirs.append(Path(cache_root) / "tokenizers" / local_name)
     return dirs + _hf_snapshot_dirs(hub_repos)
-
-
-_GPT2_SPECIALS = {"eos_id": "<|endoftext|>"}
 
 
 def _gpt2_from_tokenizer_json(path: Path) -> HFTokenizer:
@@ -184,13 +196,7 @@ def load_wordpiece(
         if path.is_file():
             backend = BertWordPieceTokenizer(str(path), lowercase=lowercase)
             case = "uncased" if lowercase else "cased"
-            specials = {
-                "pad_id": "[PAD]",
-                "cls_id": "[CLS]",
-                "sep_id": "[SEP]",
-                "mask_id": "[MASK]",
-                "unk_id": "[UNK]",
-            }
+            specials = _BERT_SPECIALS | {"unk_id": "[UNK]"}
             return HFTokenizer(backend, f"wordpiece-{case}-{_fingerprint([path])}", specials)
     looked = "\n  ".join(str(d) for d in dirs)
     raise FileNotFoundError(
@@ -201,9 +207,9 @@ def load_wordpiece(
 
 
 def build_tokenizer(cfg, cache_root: Path) -> Tokenizer:
-    """The tokenizer a corpus config (data.config.CorpusConfig) names: byte | gpt2 | wordpiece."""
-    if cfg.tokenizer == "byte":
-        return ByteTokenizer()
+    """The tokenizer a corpus config (data.config.CorpusConfig) names: TOKENIZER_KINDS."""
+    if cfg.tokenizer in BYTE_VOCABS:
+        return ByteTokenizer(cfg.tokenizer)
     if cfg.tokenizer == "gpt2":
         return load_gpt2(cfg.tokenizer_path, cache_root)
     if cfg.tokenizer == "wordpiece":

@@ -256,20 +256,24 @@ SPEED_MEMORY = {
 _BERT_COMMON = ("data=bert_mlm", "data.hub_name=Salesforce/wikitext")
 BERT = {
     "tiny": ScaleTable(
+        # Offline: byte-level masked LM on pysrc (this Python's standard library; [PAD] [CLS]
+        # [SEP] [MASK] are ids 256..259). A pipeline check, not the paper's result: always
+        # guessing the commonest byte (space) scores 26.5% of the evaluated masked bytes.
         common=(
             *TINY_RUN,
-            *_BERT_COMMON,
-            *model("bert-base", n_layer=2, n_head=2, d_model=128, d_ff=512),
-            "data.hub_config=wikitext-2-raw-v1",
+            "data=pysrc_mlm",
+            *model("bert-base", n_layer=2, n_head=2, d_model=128, d_ff=512, pad_vocab_multiple=64),
             "seq_len=128",
             "global_batch_size=32",
             "micro_batch_size=32",
-            *schedule(steps=300, eval_every=50, eval_batches=8, ckpt_every=100, lr=1e-3, warmup=30),
+            *schedule(
+                steps=1800, eval_every=200, eval_batches=16, ckpt_every=600, lr=2e-3, warmup=100
+            ),
         ),
         points=(("mlm", ()),),
-        cost="2-core CPU: ~10 minutes",
-        needs="the network once (WikiText-2 from the hub, bert-base-uncased's vocab.txt) or a "
-        "filled cache",
+        cost="2-core CPU, one thread: 8 min 16 s measured (7 min 51 s of training at 0.26 s a "
+        "step, after tokenizing the library once, ~20 s)",
+        needs="nothing: pysrc is this Python's standard library, byte-level (no vocabulary files)",
     ),
     "gpu": ScaleTable(
         common=(

@@ -16,6 +16,12 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
 
+def _model(record: RunRecord) -> str:
+    """The model's size from its config (model configs carry no name): "2 layers x 128"."""
+    layers, width = record.cfg("model.n_layer"), record.cfg("model.d_model")
+    return "?" if layers is None or width is None else f"{layers} layers x {width}"
+
+
 def section(records: list[RunRecord], out_dir: Path) -> str:
     runs = [r for r in sorted(records, key=lambda r: r.name) if r.train]
     if not runs:
@@ -24,7 +30,8 @@ def section(records: list[RunRecord], out_dir: Path) -> str:
         [
             f"`{r.name}`",
             r.scale or "-",
-            r.cfg("model.name", "?"),
+            _model(r),
+            r.cfg("data.name", "?"),
             r.cfg("seq_len"),
             fmt(r.last_eval("eval/loss"), 4),
             _percent(r.last_eval("eval/accuracy")),
@@ -36,6 +43,7 @@ def section(records: list[RunRecord], out_dir: Path) -> str:
         "run",
         "scale",
         "model",
+        "data",
         "seq_len",
         "eval MLM loss",
         "eval MLM accuracy (%)",

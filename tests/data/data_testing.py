@@ -23,6 +23,28 @@ def write_text_corpus(directory: Path, docs: int = 8, seed: int = 0) -> list[str
     return texts
 
 
+def write_python_sources(root: Path, files: int = 8, seed: int = 0) -> dict[str, str]:
+    """A tiny stand-in for the standard library: .py files of small functions (one comment
+    with non-ASCII bytes per file), at the top and in a package. Returns {relative path: text}."""
+    rng = random.Random(seed)
+    sources = {}
+    for i in range(files):
+        lines = [f"# {random_text(rng, 6)} naïve café", ""]
+        for j in range(4 + 2 * i):
+            name, arg = rng.sample(WORDS, 2)
+            lines += [
+                f"def {name}_{j}({arg}_value, limit={j}):",
+                f'    """{random_text(rng, 8).capitalize()}."""',
+                f"    return [{arg}_value] * limit",
+                "",
+            ]
+        path = f"pkg/mod{i:02d}.py" if i % 2 else f"mod{i:02d}.py"
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("\n".join(lines), encoding="utf-8")
+        sources[path] = "\n".join(lines)
+    return sources
+
+
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path

@@ -17,6 +17,7 @@ EXPECTED = {
     "wikitext103": "lm_corpus",
     "pg19": "lm_corpus",
     "bert_mlm": "mlm",
+    "pysrc_mlm": "mlm",
     "pathfinder32": "pathfinder",
     "pathfinder64": "pathfinder",
     "pathx": "pathfinder",

@@ -1,6 +1,7 @@
 """Tokenizers: bytes, WordPiece from a vocab the test writes, GPT-2 BPE from local files."""
 
 import json
+from pathlib import Path
 
 import pytest
 from data_testing import write_wordpiece_vocab
@@ -15,6 +16,15 @@ def test_byte_tokenizer_is_utf8_with_specials_after_bytes():
     assert ids == list("hé!".encode())
     assert (tok.eos_id, tok.pad_id, tok.vocab_size) == (256, 257, 258)
     assert tok.decode(ids + [256]) == "hé!"
+
+
+def test_byte_mlm_tokenizer_appends_berts_specials_after_the_bytes():
+    tok = build_tokenizer(LMCorpusConfig(tokenizer="byte_mlm"), Path("unused"))
+    assert tok.encode_batch(["hé!"])[0] == list("hé!".encode())
+    assert (tok.name, tok.vocab_size) == ("byte-utf8-mlm", 260)  # its own token caches
+    assert (tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id) == (256, 257, 258, 259)
+    assert tok.eos_id is None and tok.unk_id is None and tok.special_ids == [256, 257, 258, 259]
+    assert ByteTokenizer().name == "byte-utf8"  # the LM vocabulary's caches stay valid
 
 
 def test_wordpiece_from_local_vocab(tmp_path):
@@ -69,7 +79,7 @@ def test_missing_wordpiece_vocab_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_unknown_tokenizer_lists_the_allowed_ones(tmp_path):
-    with pytest.raises(ValueError, match="byte, gpt2, wordpiece"):
+    with pytest.raises(ValueError, match="byte, byte_mlm, gpt2, wordpiece"):
         build_tokenizer(LMCorpusConfig(tokenizer="sentencepiece"), tmp_path)
 
 

@@ -191,7 +191,7 @@ def test_speed_memory_report_bench_and_steps(tmp_path):
 
 
 def test_bert_report(tmp_path):
-    config = {"seq_len": 128, "model": {"arch": "bert", "name": "bert-base"},
+    config = {"seq_len": 128, "model": {"arch": "bert", "n_layer": 12, "d_model": 768},
               "data": {"name": "bert_mlm"}, "trainer": {"max_steps": 20}}  # fmt: skip
     write_run(
         tmp_path / "bert",
@@ -200,7 +200,7 @@ def test_bert_report(tmp_path):
         [{"step": 20, "eval/loss": 7.5, "eval/ppl": math.exp(7.5), "eval/accuracy": 0.123}],
     )
     (path,) = write_reports([tmp_path / "bert"], tmp_path / "out")
-    assert "| `bert` | - | bert-base | 128 | 7.5 | 12.3 | 72 |" in path.read_text()
+    assert "| `bert` | - | 12 layers x 768 | bert_mlm | 128 | 7.5 | 12.3 | 72 |" in path.read_text()
     assert_png(tmp_path / "out" / "bert-curves.png")
 
 
