@@ -271,8 +271,8 @@ BERT = {
             ),
         ),
         points=(("mlm", ()),),
-        cost="2-core CPU, one thread: 8 min 16 s measured (7 min 51 s of training at 0.26 s a "
-        "step, after tokenizing the library once, ~20 s)",
+        cost="2-core CPU, one thread: 8 min 16 s to 8 min 53 s measured (0.25-0.28 s a step; "
+        "tokenizing the library once, ~20 s, included)",
         needs="nothing: pysrc is this Python's standard library, byte-level (no vocabulary files)",
     ),
     "gpu": ScaleTable(
