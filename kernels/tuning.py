@@ -11,8 +11,9 @@ Three kinds, each with its own config:
 A config comes from, in order: a sweep's override (`overridden`), the GPU's measured table
 (kernels/tuning_tables/<gpu-slug>.json, written by scripts/gpu_suite.py), the built-in rules
 below (pointer loads until a GPU's table says descriptors are faster; FLASHTRAIN_TMA=1 or 0
-decides for every launch); then it is shrunk until its shared memory fits the GPU (`fit_shared_memory`), and a launch
-that still runs out of resources steps down and remembers the step (`launch_fitted`).
+decides for every launch); then it is shrunk until its shared memory fits the GPU
+(`fit_shared_memory`), and a launch that still runs out of resources steps down and remembers
+the step (`launch_fitted`).
 Under TRITON_INTERPRET=1 one small configuration per kind keeps CPU tests fast while still
 exercising several tiles, unequal tile sizes and masked tails.
 """
@@ -81,11 +82,17 @@ def max_shared_memory(device: torch.device) -> int | None:
     if capability is None:
         return None
     if device.type == "cuda":
-        from triton.runtime import driver
-
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return driver.active.utils.get_device_properties(index)["max_shared_mem"]
+        return _device_shared_memory(index)
     return _SHARED_BY_CAPABILITY.get(tuple(capability), _SHARED_DEFAULT)
+
+
+@cache
+def _device_shared_memory(index: int) -> int:
+    """Asked once per GPU: config() runs on every launch."""
+    from triton.runtime import driver
+
+    return driver.active.utils.get_device_properties(index)["max_shared_mem"]
 
 
 def shared_bytes(kind: str, cfg: TileConfig, element_size: int) -> int:
