@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from flashtrain.data.pathfinder_data import split_ranges
+from flashtrain.data.pathfinder.dataset import split_ranges
 from flashtrain.report import plots
 from flashtrain.report.markdown import fmt, image, table
 from flashtrain.report.paper import LRA_MODELS, LRA_TASKS, paper_figure, paper_value
