@@ -52,12 +52,11 @@ from flashtrain.train.distributed import (
 from flashtrain.train.errors import from_config
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
 from flashtrain.train.interval import IntervalStats
-from flashtrain.train.loggers import Loggers, build_loggers, git_commit
+from flashtrain.train.loggers import Loggers, build_loggers
 from flashtrain.train.metrics import (
     PeakFlops,
     Throughput,
     device_peak_flops,
-    format_count,
     format_duration,
     measure_matmul_flops,
     memory_metrics,
@@ -72,6 +71,7 @@ from flashtrain.train.optim import (
 from flashtrain.train.prefetch import StepPrefetcher
 from flashtrain.train.progress import Progress, format_metrics
 from flashtrain.train.run_info import write_run_info
+from flashtrain.utils import format_count, git_commit
 
 log = logging.getLogger("flashtrain")
 

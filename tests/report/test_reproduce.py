@@ -1,16 +1,18 @@
-"""scripts/reproduce.py: the experiment tables, the commands, and a smoke run of the driver
-(real train.py subprocesses, a few steps of a tiny model on the synthetic task)."""
+"""The experiment driver (flashtrain.lab.reproduce, scripts/reproduce.py): the experiment
+tables, the commands, and a smoke run of the driver (real train.py subprocesses, a few steps of
+a tiny model on the synthetic task)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from flashtrain.experiments import EXPERIMENT_NAMES, SCALES, plan
-from flashtrain.experiments.driver import (
+from flashtrain.lab.experiments import EXPERIMENT_NAMES, SCALES, plan
+from flashtrain.lab.experiments.spec import Run
+from flashtrain.lab.experiments.tables import TABLES
+from flashtrain.lab.reproduce import (
     command,
     hydra_value,
     merge_overrides,
@@ -18,17 +20,6 @@ from flashtrain.experiments.driver import (
     shown,
     train_state,
 )
-from flashtrain.experiments.spec import Run
-from flashtrain.experiments.tables import TABLES
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def all_plans():
@@ -104,7 +95,8 @@ def test_bad_choices_are_refused():
 
 
 def test_paper_scale_and_dry_run_print_commands_and_run_nothing(tmp_path, capsys):
-    reproduce = load_script("reproduce")
+    from flashtrain.lab import reproduce
+
     assert reproduce.main(["bert", "--scale", "paper", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "17.4" in out and "torchrun --nproc_per_node=8 train.py" in out and "--run" in out
@@ -141,7 +133,8 @@ def test_driver_runs_reports_skips_finished_runs_and_resumes(tmp_path, capsys, m
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "WANDB_MODE"):
         monkeypatch.delenv(key, raising=False)
-    reproduce = load_script("reproduce")
+    from flashtrain.lab import reproduce
+
     out = tmp_path / "out"
     base = ["context-length", "--scale", "tiny", "--data", "synthetic", "--out", str(out)]
     # the lr schedule pinned to 4 steps: extending the runs below keeps it (a resume that would
@@ -184,7 +177,8 @@ def test_driver_runs_reports_skips_finished_runs_and_resumes(tmp_path, capsys, m
 def test_driver_runs_the_kernel_benchmark(tmp_path, capsys, monkeypatch):
     """speed-memory's benchmark run: on a CPU, bench_attention.py writes tile counts."""
     monkeypatch.delenv("RANK", raising=False)
-    reproduce = load_script("reproduce")
+    from flashtrain.lab import reproduce
+
     args = ["speed-memory", "--scale", "tiny", "--out", str(tmp_path), "--only", "*-kernels"]
     assert reproduce.main(args) == 0
     capsys.readouterr()

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from flashtrain.bench import report as bench_report
-from flashtrain.report import plots
-from flashtrain.report.markdown import fmt, image, table
-from flashtrain.report.paper import paper_figure
-from flashtrain.report.runs import RunRecord
+from flashtrain.lab.bench import results as bench_results
+from flashtrain.lab.reports import plots
+from flashtrain.lab.reports.markdown import fmt, image, table
+from flashtrain.lab.reports.paper import paper_figure
+from flashtrain.lab.reports.runs import RunRecord
 from flashtrain.train.metrics import peak_memory_gib
 
 STEM = "speed-memory"
@@ -105,12 +105,12 @@ def _bench_part(records: list[RunRecord], out_dir: Path) -> list[str]:
                 parts.append(_ratio_table(rows))
             for value, label in (("ms", "ms"), ("peak_mib", "peak MiB")):
                 path = out_dir / f"{STEM}-{r.name}-{sweep}-{value}.png"
-                bench_report.plot(rows, path, value, label, "fwd_bwd", log_y=True)
+                bench_results.plot(rows, path, value, label, "fwd_bwd", log_y=True)
                 if path.is_file():
                     parts.append(image(path.name, f"{sweep} attention {label} vs seqlen"))
             for value, unit in (("ms", "ms"), ("peak_mib", "MiB")):
                 title = f"{sweep} sweep: {unit}"
-                table_md = bench_report.markdown_table(rows, env, title, value=value, unit=unit)
+                table_md = bench_results.markdown_table(rows, env, title, value=value, unit=unit)
                 parts.append(demote(table_md, 3))
         if r.tile_counts:
             parts += [f"### Kernel work on a CPU (`{r.name}`)\n", demote(r.tile_counts, 3)]

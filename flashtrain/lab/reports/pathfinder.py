@@ -6,10 +6,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from flashtrain.data.pathfinder.dataset import split_ranges
-from flashtrain.report import plots
-from flashtrain.report.markdown import fmt, image, table
-from flashtrain.report.paper import LRA_MODELS, LRA_TASKS, paper_figure, paper_value
-from flashtrain.report.runs import RunRecord
+from flashtrain.lab.reports import plots
+from flashtrain.lab.reports.markdown import fmt, image, table
+from flashtrain.lab.reports.paper import LRA_MODELS, LRA_TASKS, paper_figure, paper_value
+from flashtrain.lab.reports.runs import RunRecord
 
 STEM = "pathfinder"
 TASK_NAMES = {

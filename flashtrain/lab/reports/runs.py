@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashtrain.experiments.spec import EXPERIMENT_NAMES
+from flashtrain.lab.experiments.spec import EXPERIMENT_NAMES
 from flashtrain.train.run_info import read_run_info
 
 METRICS_FILE = "metrics.jsonl"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from flashtrain.bench import baselines, measure
-from flashtrain.bench.flops import attention_flops
+from flashtrain.lab.bench import baselines, measure
+from flashtrain.lab.bench.flops import attention_flops
 
 
 def random_qkv(batch, seqlen, heads, head_dim, *, device, dtype=torch.bfloat16, kv_heads=None):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from flashtrain.report.runs import RunRecord
-from flashtrain.train.metrics import format_count
+from flashtrain.lab.reports.runs import RunRecord
+from flashtrain.utils import format_count
 
 
 def fmt(value, digits: int = 3) -> str:

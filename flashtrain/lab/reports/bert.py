@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flashtrain.report import plots
-from flashtrain.report.markdown import fmt, image, table
-from flashtrain.report.paper import paper_value
-from flashtrain.report.runs import RunRecord
+from flashtrain.lab.reports import plots
+from flashtrain.lab.reports.markdown import fmt, image, table
+from flashtrain.lab.reports.paper import paper_value
+from flashtrain.lab.reports.runs import RunRecord
 
 STEM = "bert"
 

@@ -3,6 +3,6 @@
 write_reports(run_dirs, out_dir) -> [<out_dir>/<experiment>.md, ...]   (scripts/report.py)
 """
 
-from flashtrain.report.build import write_reports
+from flashtrain.lab.reports.build import write_reports
 
 __all__ = ["write_reports"]

@@ -17,10 +17,10 @@ from dataclasses import replace
 import torch
 
 from flashtrain.attention import flash_attn_func
-from flashtrain.bench import baselines, measure
-from flashtrain.bench.attention_rows import random_qkv
 from flashtrain.kernels import tma, tuning
 from flashtrain.kernels.tuning import TileConfig
+from flashtrain.lab.bench import baselines, measure
+from flashtrain.lab.bench.attention_rows import random_qkv
 
 # (block_m, block_n, num_warps, num_stages). Configs that do not fit a GPU's shared memory are
 # trimmed by tuning.fit_shared_memory (recorded as the config actually timed); one that fails

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+from flashtrain.lab.checkout import CONFIGS
+
 CATEGORIES = {  # first match wins; names of CUDA kernels and of aten ops (CPU)
     "attention": r"attn|attention|flash|fmha|sdpa|_fwd_kernel|_bwd_kernel|dkdv|_dq",
     "loss": r"cross_entropy|nll_loss|log_softmax|linear_cross_entropy|_lce",

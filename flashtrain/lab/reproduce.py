@@ -1,5 +1,19 @@
-"""Run an experiment's plan: print every command, skip finished runs, run the rest as
-subprocesses with their folders pinned under <out>/runs/<name>, then write the report.
+"""Reproduce one of the FlashAttention paper's experiments at a chosen scale.
+
+    python scripts/reproduce.py context-length --scale tiny               # pysrc, 2-core CPU
+    python scripts/reproduce.py context-length --scale tiny --data synthetic
+    python scripts/reproduce.py pathfinder --scale gpu --out results/
+    python scripts/reproduce.py speed-memory --scale tiny
+    python scripts/reproduce.py bert --scale paper                        # prints; --run starts
+
+Scales: tiny (a 2-core CPU, minutes per run), gpu (~20 minutes on one GPU), paper (the paper's
+setting, hours to days on 8 GPUs: printed with its documented cost, run only with --run).
+Each run is an ordinary train.py run (its command is printed) in <out>/runs/<name> with
+trainer.resume=auto: run the same command again to continue; finished runs are skipped.
+At the end <out>/<experiment>.md and its plots are written (scripts/report.py).
+
+How a plan runs: every command is printed, finished runs are skipped, the rest run as
+subprocesses with their folders pinned under <out>/runs/<name>, then the report is written.
 
 A train run is `train.py <overrides> name=<run> hydra.run.dir=<out>/runs/<run>
 trainer.resume=auto`, so a killed run continues from its newest checkpoint when run again, and
@@ -9,6 +23,7 @@ benchmark run is finished once its result file is in its folder.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import fnmatch
 import json
@@ -20,12 +35,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flashtrain.bench.report import write_json
-from flashtrain.experiments.spec import Run, ScalePlan
-from flashtrain.report.runs import BENCH_GLOB, LAUNCH_FILE, METRICS_FILE, TILE_COUNTS, read_metrics
-from flashtrain.train.loggers import git_commit
+from flashtrain.lab import experiments
+from flashtrain.lab.bench.results import write_json
+from flashtrain.lab.checkout import REPO
+from flashtrain.lab.experiments import EXPERIMENT_NAMES, SCALES
+from flashtrain.lab.experiments.spec import Run, ScalePlan
+from flashtrain.lab.reports import write_reports
+from flashtrain.lab.reports.runs import (
+    BENCH_GLOB,
+    LAUNCH_FILE,
+    METRICS_FILE,
+    TILE_COUNTS,
+    read_metrics,
+)
+from flashtrain.utils import git_commit
 
-REPO = Path(__file__).resolve().parents[2]
 _PLAIN_VALUE = re.compile(r"^[\w./:@+-]+$")  # needs no quoting in a Hydra override
 
 
@@ -223,11 +247,51 @@ def experiment_runs(experiment: str, runs_dir: Path) -> list[Path]:
 
 
 def write_experiment_report(experiment: str, out_dir: Path, echo=print) -> None:
-    from flashtrain.report import write_reports
-
     run_dirs = experiment_runs(experiment, out_dir / "runs")
     if not run_dirs:
         echo("no runs to report")
         return
     for path in write_reports(run_dirs, out_dir):
         echo(f"report: {path}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("experiment", choices=EXPERIMENT_NAMES)
+    p.add_argument("--scale", choices=SCALES, required=True)
+    p.add_argument("--out", type=Path, default=Path("reproduce"), help="default: ./reproduce")
+    p.add_argument("--data", default=None, help="context-length: pysrc | synthetic | openwebtext")
+    p.add_argument("--only", nargs="+", metavar="RUN", help="run names or shell patterns")
+    p.add_argument(
+        "--override",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Hydra overrides added to every train run (after the table's)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--run", action="store_true", help="scale paper: really start the runs")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        the_plan = experiments.plan(args.experiment, args.scale, args.data)
+        return execute(
+            the_plan,
+            args.out,
+            extra=args.override,
+            only=args.only,
+            dry_run=args.dry_run,
+            run_paper=args.run,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

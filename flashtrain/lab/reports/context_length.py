@@ -6,10 +6,10 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from flashtrain.report import plots
-from flashtrain.report.markdown import fmt, image, table
-from flashtrain.report.paper import paper_figure, paper_value
-from flashtrain.report.runs import RunRecord
+from flashtrain.lab.reports import plots
+from flashtrain.lab.reports.markdown import fmt, image, table
+from flashtrain.lab.reports.paper import paper_figure, paper_value
+from flashtrain.lab.reports.runs import RunRecord
 
 STEM = "context-length"
 

@@ -6,8 +6,14 @@ driver.execute(plan, out_dir, ...)                    print, run what is unfinis
 
 from __future__ import annotations
 
-from flashtrain.experiments.spec import EXPERIMENT_NAMES, SCALES, Run, ScalePlan, plan_from_table
-from flashtrain.experiments.tables import TABLES
+from flashtrain.lab.experiments.spec import (
+    EXPERIMENT_NAMES,
+    SCALES,
+    Run,
+    ScalePlan,
+    plan_from_table,
+)
+from flashtrain.lab.experiments.tables import TABLES
 
 
 def plan(experiment: str, scale: str, data: str | None = None) -> ScalePlan:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flashtrain.experiments.spec import ScaleTable
+from flashtrain.lab.experiments.spec import ScaleTable
 
 # Shared by the CPU scale: no wandb, progress as lines.
 TINY_RUN = ("logger=none", "trainer.progress=lines")
