@@ -82,7 +82,7 @@ def test_editable_install_maps_kernels_to_the_checkout(tmp_path):
     prefix = tmp_path / "prefix"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--prefix", str(prefix), "-e", str(ROOT)],
+         "--ignore-installed", "--prefix", str(prefix), "-e", str(ROOT)],
         check=True, capture_output=True,
     )  # fmt: skip
     site_dir = sysconfig.get_paths(vars={"base": str(prefix), "platbase": str(prefix)})["purelib"]
