@@ -12,7 +12,7 @@ from flashtrain.attention.packed import (
 )
 from flashtrain.attention.padding import pad_input, unpad_input
 from flashtrain.attention.ring import ring_attn_func
-from flashtrain.attention.ring_layout import shard_sequence, unshard_sequence
+from flashtrain.attention.ring_sharding import shard_sequence, unshard_sequence
 
 __all__ = [
     "blocksparse_attn_func",

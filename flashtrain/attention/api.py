@@ -11,9 +11,9 @@ import math
 import torch
 
 from flashtrain.attention import attn_probs, validation
-from flashtrain.attention.block_layout import BlockSparseLayout
 from flashtrain.attention.ops import AttentionArgs, attention_forward
 from flashtrain.attention.reference import fold_window
+from flashtrain.attention.sparsity.layout import BlockSparseLayout
 
 
 def _last_dim_contiguous(*tensors: torch.Tensor):

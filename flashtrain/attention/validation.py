@@ -149,7 +149,7 @@ def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
 
 def check_block_mask(block_mask, block_size: int, q: torch.Tensor, k: torch.Tensor):
     """A bool (Hm, ceil(Sq/bs), ceil(Sk/bs)) mask or a BlockSparseLayout -> the layout."""
-    from flashtrain.attention.block_layout import (
+    from flashtrain.attention.sparsity.layout import (
         SUPPORTED_BLOCK_SIZES,
         BlockSparseLayout,
         layout_for_mask,

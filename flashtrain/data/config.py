@@ -144,7 +144,7 @@ class LongDocConfig(CorpusConfig):
 
 @dataclass
 class PathfinderConfig(CachedDataConfig):
-    """Pathfinder images generated once and cached (flashtrain/data/pathfinder*.py)."""
+    """Pathfinder images generated once and cached (flashtrain/data/pathfinder/)."""
 
     loader: str = "pathfinder"
     name: str = "pathfinder"

@@ -11,7 +11,7 @@ from flashtrain.data.lm_stream import StreamingLM
 from flashtrain.data.long_doc import LongDocClassification
 from flashtrain.data.mlm import MaskedLM
 from flashtrain.data.module import DataModule, DataRun
-from flashtrain.data.pathfinder_data import PathfinderClassification
+from flashtrain.data.pathfinder.dataset import PathfinderClassification
 from flashtrain.data.synthetic import AssociativeRecall
 
 # data.loader -> the DataModule it builds (an LM corpus with streaming: true streams instead)

@@ -60,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from flashtrain.data.pathfinder import generate_pathfinder
-    from flashtrain.data.pathfinder_cache import load_or_generate
+    from flashtrain.data.pathfinder.cache import load_or_generate
 
     start = time.perf_counter()
     if args.no_cache:

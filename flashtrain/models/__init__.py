@@ -5,7 +5,7 @@
     out = model(**batch)                              # ModelOutput(loss, num_targets, correct, logits)
 
 configs/model/<name>.yaml: a model config (config.py: GPT2Config, BertConfig, ClassifierConfig,
-picked by `arch`); configs/attention/<name>.yaml: an attention backend's config (attention.py,
+picked by `arch`); configs/attention/<name>.yaml: an attention impl's config (attention_layers.py,
 picked by `impl`: flash | blocksparse | sdpa | reference). See README.md beside this file for
 memory at long context.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flashtrain.models.attention import (
-    ATTENTION_BACKENDS,
+from flashtrain.models.attention_layers import (
+    ATTENTION_IMPLS,
     Attention,
     AttentionConfig,
     AttentionContext,
@@ -54,7 +54,7 @@ def build_model(model_cfg: Any, attention_cfg: Any) -> TransformerModel:
 
 __all__ = [
     "ARCHS",
-    "ATTENTION_BACKENDS",
+    "ATTENTION_IMPLS",
     "Attention",
     "AttentionConfig",
     "AttentionContext",

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from flashtrain.models.attention import Attention, AttentionContext, build_attention
+from flashtrain.models.attention_layers import Attention, AttentionContext, build_attention
 from flashtrain.models.config import TransformerConfig
 from flashtrain.models.positions import apply_rotary, resize_position_tables
 from flashtrain.models.qkv import split_qkv_projection

@@ -16,9 +16,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from flashtrain.attention.ring_layout import LAYOUTS
+from flashtrain.attention.ring_sharding import LAYOUTS
 from flashtrain.data.config import DataConfig, data_config
-from flashtrain.models.attention import AttentionConfig, attention_config
+from flashtrain.models.attention_layers import AttentionConfig, attention_config
 from flashtrain.models.config import TransformerConfig, model_config
 from flashtrain.typed_config import ConfigError, check_choice, to_dataclass
 
@@ -178,7 +178,7 @@ class TrainConfig:
     micro_batch_size: int = 8  # sequences per device per forward/backward
     # Groups with several schemas: each holds the dataclass its discriminator picks.
     model: Any = None  # flashtrain.models.config (arch)
-    attention: Any = None  # flashtrain.models.attention (impl)
+    attention: Any = None  # flashtrain.models.attention_layers (impl)
     data: Any = None  # flashtrain.data.config (loader)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

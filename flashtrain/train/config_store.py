@@ -7,7 +7,7 @@ e.g. configs/data/openwebtext.yaml starts with `- /schema/data/lm_corpus@_here_`
 from its dataclass, and a key the dataclass lacks fails while composing.
 
     schema/model/<arch>           flashtrain.models.config.MODEL_CONFIGS
-    schema/attention/<impl>       flashtrain.models.attention.ATTENTION_CONFIGS
+    schema/attention/<impl>       flashtrain.models.attention_layers.ATTENTION_CONFIGS
     schema/data/<loader>          flashtrain.data.config.DATA_CONFIGS
     schema/trainer/trainer, schema/optim/adamw, schema/logger/logger
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 
 from flashtrain.data.config import DATA_CONFIGS
-from flashtrain.models.attention import ATTENTION_CONFIGS
+from flashtrain.models.attention_layers import ATTENTION_CONFIGS
 from flashtrain.models.config import MODEL_CONFIGS
 from flashtrain.train.config import LoggerConfig, OptimConfig, TrainConfig, TrainerConfig
 

@@ -33,7 +33,7 @@ def _random_mask(heads, seqlen_q, seqlen_k, block_size, density, generator):
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 def test_matches_dense_reference_with_expanded_mask(
-    backend, seqlen_q, seqlen_k, heads_q, heads_kv, mask_heads, causal, block_size, dtype
+    route, seqlen_q, seqlen_k, heads_q, heads_kv, mask_heads, causal, block_size, dtype
 ):
     gen = torch.Generator().manual_seed(seqlen_q + seqlen_k + mask_heads)
     torch.manual_seed(seqlen_q * 3 + block_size)
@@ -60,7 +60,7 @@ def test_matches_dense_reference_with_expanded_mask(
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_all_ones_layout_equals_dense(backend, causal):
+def test_all_ones_layout_equals_dense(route, causal):
     torch.manual_seed(1)
     q, k, v = random_qkv(1, 130, 130, 1, 1, 16, torch.float32)
     dout = torch.randn_like(q)
@@ -81,7 +81,7 @@ def test_all_ones_layout_equals_dense(backend, causal):
         torch.testing.assert_close(s, d, atol=2e-6, rtol=1e-5)
 
 
-def test_dropout_composes_with_sparsity(backend):
+def test_dropout_composes_with_sparsity(route):
     """With dropout, the same seed reproduces, and masked blocks stay exactly unattended."""
     torch.manual_seed(2)
     q, k, v = random_qkv(1, 128, 128, 2, 2, 16, torch.float32)
@@ -226,9 +226,9 @@ def test_raw_mask_tables_are_compiled_once_while_the_mask_is_unchanged():
     assert check_block_mask(mask.clone(), 128, q, q) is not changed  # another tensor
     import gc
 
-    from flashtrain.attention import block_layout
+    from flashtrain.attention.sparsity import layout as sparsity_layout
 
     mask_id = id(mask)
     del mask, first, again, changed
     gc.collect()
-    assert mask_id not in block_layout._LAYOUTS_OF_MASKS  # the cache keeps no mask alive
+    assert mask_id not in sparsity_layout._LAYOUTS_OF_MASKS  # the cache keeps no mask alive

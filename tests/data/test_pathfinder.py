@@ -6,9 +6,9 @@ import time
 import numpy as np
 import pytest
 
-from flashtrain.data.pathfinder import (
+from flashtrain.data.pathfinder.generator import (
     SETTINGS,
-    distractor_layout,
+    distractor_counts,
     generate_pathfinder,
     generate_pathfinder_into,
 )
@@ -84,7 +84,7 @@ def test_positives_have_both_markers_on_one_contour_negatives_not(sample):
 
 def test_contours_have_the_requested_lengths(sample):
     _, _, records = sample
-    count, length = distractor_layout(9, SETTINGS[64])
+    count, length = distractor_counts(9, SETTINGS[64])
     for record in records:
         assert [len(s) for s, t in zip(record.snakes, record.is_target) if t] == [9, 9]
         distractors = [len(s) for s, t in zip(record.snakes, record.is_target) if not t]

@@ -8,7 +8,7 @@ from model_testing import TINY_CLASSIFIER, TINY_GPT2, load_attention_config, loa
 from omegaconf import OmegaConf
 
 from flashtrain.models import (
-    ATTENTION_BACKENDS,
+    ATTENTION_IMPLS,
     GPT2,
     Bert,
     SequenceClassifier,
@@ -108,7 +108,7 @@ def test_model_files_hold_only_what_differs():
 
 
 def test_attention_configs_name_their_impl():
-    assert group_options("attention") == sorted(ATTENTION_BACKENDS)
+    assert group_options("attention") == sorted(ATTENTION_IMPLS)
     for name in group_options("attention"):
         assert load_attention_config(name).impl == name
 

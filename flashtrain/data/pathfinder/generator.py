@@ -10,7 +10,7 @@ distance), so the distance between the markers does not give the label away.
 
 Each image is drawn from its own random stream (seed, resolution, contour length, index), so the
 output depends neither on the number of worker processes nor on `num` (a prefix is stable), nor on
-which chunks of images are made in which run (pathfinder_cache.py resumes an interrupted
+which chunks of images are made in which run (cache.py resumes an interrupted
 generation from its finished chunks). Images are made in parallel across processes; inside one
 image every growth step is vectorised over all candidate turns and all paddles already placed.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flashtrain.data.pathfinder_geometry import (
+from flashtrain.data.pathfinder.geometry import (
     OccupancyRaster,
     draw_discs,
     draw_segments,
@@ -86,7 +86,7 @@ def settings_for(resolution: int) -> PathfinderSettings:
     return SETTINGS[resolution]
 
 
-def distractor_layout(contour_length: int, settings: PathfinderSettings) -> tuple[int, int]:
+def distractor_counts(contour_length: int, settings: PathfinderSettings) -> tuple[int, int]:
     """(number of distractor snakes, paddles per distractor): a third of the target length."""
     length = max(1, round(contour_length / 3))
     return max(1, round(settings.distractor_paddles / length)), length
@@ -266,7 +266,7 @@ def make_image(
     markers = np.stack([snakes[a][0, :2], snakes[b][-1, 2:]])
     scene.raster.stamp(np.concatenate([markers, markers], axis=1), scene.marker_clearance)
 
-    num_distractors, distractor_length = distractor_layout(contour_length, s)
+    num_distractors, distractor_length = distractor_counts(contour_length, s)
     for _ in range(num_distractors):
         chain = _place_distractor(scene, rng, distractor_length)
         if chain is not None:

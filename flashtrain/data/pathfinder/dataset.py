@@ -1,6 +1,6 @@
 """Pathfinder as a `datasets.DatasetDict` and as a classification DataModule.
 
-The images come from the cache on disk (pathfinder_cache.py: generated once, resumable). The
+The images come from the cache on disk (cache.py: generated once, resumable). The
 DatasetDict wraps the memory-mapped arrays without copying: train / validation / test = the first 80%, next 10%, last 10% (even
 sizes, and since consecutive image pairs hold one label each, every split is exactly balanced).
 Batches: input_ids = the R * R pixel intensities (0..255) in row-major order, labels 0/1.
@@ -13,7 +13,7 @@ import torch
 
 from flashtrain.data.config import PathfinderConfig, cache_root
 from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
-from flashtrain.data.pathfinder_cache import load_or_generate, pathfinder_cache_dir
+from flashtrain.data.pathfinder.cache import load_or_generate, pathfinder_cache_dir
 from flashtrain.data.sampling import EpochSampler
 
 CLASS_NAMES = ["different", "same"]

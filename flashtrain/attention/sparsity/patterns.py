@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from flashtrain.attention.block_layout import BlockSparseLayout
+from flashtrain.attention.sparsity.layout import BlockSparseLayout
 
 
 def _num_blocks(seqlen: int, block_size: int) -> int:

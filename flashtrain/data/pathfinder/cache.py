@@ -2,7 +2,7 @@
 
 One cache per (resolution, contour length, count, seed, generator version): a directory
 <root>/pathfinder/<name>/ with images.npy (uint8 (N, R, R)), labels.npy (int64 (N,)) and
-meta.json, opened memory-mapped by load_or_generate (pathfinder_data.py wraps it as a dataset).
+meta.json, opened memory-mapped by load_or_generate (dataset.py wraps it as a dataset).
 It is built in a work directory
 .<name>.partial/ beside it: both arrays preallocated at full size and filled a chunk of
 CHUNK_SIZE images at a time by the worker processes, plus progress.json, the chunks that are
@@ -34,7 +34,12 @@ from pathlib import Path
 import numpy as np
 
 from flashtrain.data.files import atomic_path, exclusive_lock, remove_stale_temporaries
-from flashtrain.data.pathfinder import GENERATOR_VERSION, chunk_tasks, run_chunks, settings_for
+from flashtrain.data.pathfinder.generator import (
+    GENERATOR_VERSION,
+    chunk_tasks,
+    run_chunks,
+    settings_for,
+)
 from flashtrain.file_integrity import fsync_directory
 
 log = logging.getLogger("flashtrain.data")

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from ring_testing import ring_groups, run_ranks
 
 from flashtrain.attention import ring_attn_func, shard_sequence, unshard_sequence
-from flashtrain.attention.ring_layout import shard_positions
+from flashtrain.attention.ring_sharding import shard_positions
 
 
 def test_zigzag_positions_pair_early_and_late_chunks():

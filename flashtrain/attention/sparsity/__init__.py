@@ -5,13 +5,13 @@ layout = sparsity.butterfly(16384, block_size=128)     # a BlockSparseLayout
 out = blocksparse_attn_func(q, k, v, layout)
 """
 
-from flashtrain.attention.block_layout import (
+from flashtrain.attention.sparsity.layout import (
     SUPPORTED_BLOCK_SIZES,
     BlockSparseLayout,
     BlockTables,
     build_tables,
 )
-from flashtrain.attention.sparsity_patterns import (
+from flashtrain.attention.sparsity.patterns import (
     PATTERNS,
     bigbird,
     butterfly,

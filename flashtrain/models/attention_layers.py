@@ -40,7 +40,7 @@ from flashtrain.attention import (
     unpad_input,
 )
 from flashtrain.attention.reference import attention_reference
-from flashtrain.attention.ring_layout import check_layout, group_rank_and_size
+from flashtrain.attention.ring_sharding import check_layout, group_rank_and_size
 from flashtrain.attention.validation import MAX_HEAD_DIM
 from flashtrain.typed_config import check_choice, typed_group
 
@@ -49,7 +49,7 @@ from flashtrain.typed_config import check_choice, typed_group
 
 @dataclass
 class AttentionConfig:
-    impl: str = "flash"  # which backend: the key of ATTENTION_BACKENDS
+    impl: str = "flash"  # which backend: the key of ATTENTION_IMPLS
 
 
 @dataclass
@@ -190,7 +190,7 @@ class FlashAttention(Attention):
 class RingAttention(Attention):
     """FlashAttention over sequences split across the ranks of a context-parallel process group:
     q, k, v (B, T/P, H, D) are this rank's shard (layout zigzag or contiguous, see
-    flashtrain.attention.ring_layout) and ring_attn_func makes the result exact over the whole
+    flashtrain.attention.ring_sharding) and ring_attn_func makes the result exact over the whole
     sequence. Built by the trainer from the user's flash config, never picked by impl.
 
     Refused, naming the reason: padded batches (the ring has no key-padding mask), attention
@@ -357,11 +357,11 @@ class ReferenceAttention(Attention):
         return out
 
 
-ATTENTION_BACKENDS: dict[str, type[Attention]] = {
+ATTENTION_IMPLS: dict[str, type[Attention]] = {
     cls.Config.impl: cls
     for cls in (FlashAttention, BlockSparseAttention, SDPAAttention, ReferenceAttention)
 }
-ATTENTION_CONFIGS = {impl: cls.Config for impl, cls in ATTENTION_BACKENDS.items()}
+ATTENTION_CONFIGS = {impl: cls.Config for impl, cls in ATTENTION_IMPLS.items()}
 
 
 def attention_config(cfg: Any) -> AttentionConfig:
@@ -377,4 +377,4 @@ def build_attention(cfg: Any) -> Attention:
     if isinstance(cfg, Attention):
         return cfg
     cfg = attention_config(cfg)
-    return ATTENTION_BACKENDS[cfg.impl](cfg)
+    return ATTENTION_IMPLS[cfg.impl](cfg)

@@ -10,6 +10,8 @@ import torch
 from flashtrain.kernels import tuning
 from flashtrain.kernels.tuning import TileConfig
 
+pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
+
 
 def test_override_wins_inside_the_block_only():
     cpu = torch.device("cpu")
