@@ -151,11 +151,13 @@ def test_missing_wheel_fails_only_its_section(tmp_path, monkeypatch, cpu_route, 
     monkeypatch.setitem(sys.modules, "hydra", None)  # as on the GPU image without the wheels
     code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "peaks", "training"])
     assert code == 1
-    assert "[suite] missing: hydra: carry .whl" in capsys.readouterr().out  # named at start
+    assert "[suite] missing: hydra: carry their wheels" in capsys.readouterr().out  # named at start
     record = state(tmp_path)
     assert record["runs"][-1]["missing_modules"] == ["hydra"]
     assert record["sections"]["peaks"]["status"] == "done"
-    assert record["sections"]["training"]["status"].startswith("failed: hydra missing: carry .whl")
+    assert record["sections"]["training"]["status"].startswith(
+        "failed: hydra missing: carry their wheels"
+    )
 
 
 def test_budget_skips_and_says_so(tmp_path, cpu_route):

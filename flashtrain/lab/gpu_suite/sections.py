@@ -39,7 +39,7 @@ from flashtrain.lab.gpu_suite.record import Record, Section, SectionFailed
 # a missing one is named at start and fails only the sections that need it.
 NEEDS = {"training": ("hydra", "omegaconf"), "pytest": ("pytest",)}
 OPTIONAL = ("matplotlib",)  # the plots; without it the figures are in suite.json and summary.md
-WHEELS_HINT = "carry .whl from ../shared/gpu/wheels.sh (docs/gpu_session.md)"
+WHEELS_HINT = "carry their wheels in .whl/ (docs/gpu_session.md)"
 PYTEST_JUNIT, PYTEST_LOG = "pytest-junit.xml", "pytest.log"
 ATTENTION_METHODS = ("flashtrain", "sdpa_flash_attention", "sdpa_cudnn_attention")
 # (head_dim, causal) in the order of the targets' value: the issue-12 targets' shapes first
