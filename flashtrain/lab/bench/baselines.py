@@ -92,14 +92,17 @@ def flex_or_reason(device: torch.device):
     return (flex, None) if flex is not None else (None, "skipped: this torch has no FlexAttention")
 
 
-def dense_methods(q, k, v, *, causal: bool) -> dict[str, Method | str]:
-    """name -> (forward closure, inputs) or a string saying why it was skipped.
+def dense_methods(q, k, v, *, causal: bool, names=None) -> dict[str, Method | str]:
+    """name -> (forward closure, inputs) or a string saying why it was skipped; names: only
+    these (nothing else is built: no FlexAttention block mask where none is compared).
     q/k/v: (B, S, H, D) leaves that require grad; SDPA and Flex get (B, H, S, D) copies."""
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
     methods: dict[str, Method | str] = {
         "flashtrain": (lambda: flash_attn_func(q, k, v, causal=causal), (q, k, v))
     }
     for name in SDPA_BACKENDS:
+        if names is not None and f"sdpa_{name.lower()}" not in names:
+            continue
         if name == "MATH" and not math_fits(
             q.shape[0], q.shape[2], q.shape[1], k.shape[1], q.dtype
         ):
@@ -114,6 +117,8 @@ def dense_methods(q, k, v, *, causal: bool) -> dict[str, Method | str]:
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
         methods[f"sdpa_{name.lower()}"] = (run, (qt, kt, vt))
+    if names is not None and "flex" not in names:
+        return methods
     flex, reason = flex_or_reason(q.device)
     if flex is None:
         methods["flex"] = reason

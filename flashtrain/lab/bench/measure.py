@@ -3,12 +3,16 @@ bandwidth) so every figure can also be read as a fraction of the chip."""
 
 from __future__ import annotations
 
+import os
 import platform
-import subprocess
 import time
 from dataclasses import dataclass
 
 import torch
+
+from flashtrain.utils import git_commit
+
+COMMIT_ENV = "FLASHTRAIN_COMMIT"
 
 
 @dataclass
@@ -108,10 +112,6 @@ def environment() -> dict:
         info["memory_gib"] = round(props.total_memory / 2**30, 1)
     else:
         info["device"] = "cpu"
-    try:
-        info["commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        info["commit"] = "unknown"
+    # A copy of the tree without .git (a GPU machine's) names its commit in FLASHTRAIN_COMMIT
+    info["commit"] = git_commit() or os.environ.get(COMMIT_ENV, "unknown")
     return info

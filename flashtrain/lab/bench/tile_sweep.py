@@ -11,8 +11,8 @@ timed again with tensor-descriptor (TMA) loads, where the GPU and Triton have th
 from __future__ import annotations
 
 import contextlib
-import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -69,21 +69,22 @@ def _failed(err: Exception) -> None:
     print(f"  config failed: {type(err).__name__}: {str(err).splitlines()[0][:100]}", flush=True)
 
 
-def _sweep_kind(kind, key, q, k, v, pool, rep, device, deadline, rows) -> TileConfig | None:
+def _sweep_kind(kind, key, q, k, v, pool, rep, device, hooks: Hooks) -> TileConfig | None:
     """Time the built-in config and every candidate of one kind; the winner, if it beats the
     built-in one."""
     builtin = _timed(kind, q, k, v, rep, device)
     timed: list[tuple[float, TileConfig]] = []
 
     def time_one(cfg: TileConfig) -> None:
-        if time.monotonic() > deadline:
-            rows.append({"key": key, "config": cfg.__dict__, "note": "skipped: budget"})
+        reason = hooks.why_not()
+        if reason:
+            hooks.row({"key": key, "config": cfg.__dict__, "note": f"skipped: {reason}"})
             return
         with tuning.overridden(kind, cfg):
             ms = _timed(kind, q, k, v, rep, device)
         ratio = builtin / ms if ms and builtin else None
-        rows.append({"key": key, "config": cfg.__dict__, "ms": ms, "builtin_ms": builtin,
-                     "speedup_vs_builtin": ratio})  # fmt: skip
+        hooks.row({"key": key, "config": cfg.__dict__, "ms": ms, "builtin_ms": builtin,
+                   "speedup_vs_builtin": ratio})  # fmt: skip
         label = f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
         print(
             f"  {key} {label}{' tma' if cfg.tma else ''}: {ms} ms (built-in {builtin})", flush=True
@@ -93,7 +94,7 @@ def _sweep_kind(kind, key, q, k, v, pool, rep, device, deadline, rows) -> TileCo
 
     for cfg in pool:
         time_one(cfg)
-    if tma.available(torch.device(device)):
+    if hooks.tma_ok and tma.available(torch.device(device)):
         fastest = [cfg for _, cfg in sorted(timed, key=lambda t: t[0])[:TMA_RETRIES]]
         for cfg in fastest:
             time_one(replace(cfg, tma=True))
@@ -103,14 +104,25 @@ def _sweep_kind(kind, key, q, k, v, pool, rep, device, deadline, rows) -> TileCo
     return best if builtin is None or best_ms < builtin else None
 
 
+@dataclass
+class Hooks:
+    """How the caller follows and stops a sweep: why_not() -> a reason to time no further
+    config (or None); row(r) after every config, winners(w) after every kind (so the caller can
+    write both as they come); tma_ok: descriptor-load retries allowed (their correctness passed)."""
+
+    why_not: Callable[[], str | None] = lambda: None
+    row: Callable[[dict], None] = lambda r: None
+    winners: Callable[[dict[str, TileConfig]], None] = lambda w: None
+    tma_ok: bool = True
+
+
 def sweep(
-    *, head_dims, dtype, seqlen, tokens, rep, device, deadline: float, candidates=None
-) -> tuple[dict[str, TileConfig], list[dict]]:
-    """Winning configs by table key, and one row per timed (key, config) with its ratio to the
-    built-in config. Stops timing new candidates at `deadline` (time.monotonic()).
-    candidates: {kind: [(block_m, block_n, warps, stages), ...]} in place of CANDIDATES."""
+    *, head_dims, dtype, seqlen, tokens, rep, device, hooks: Hooks, candidates=None
+) -> dict[str, TileConfig]:
+    """Winning configs by table key; every timed (key, config) goes to hooks.row with its ratio
+    to the built-in config. candidates: {kind: [(block_m, block_n, warps, stages), ...]} in
+    place of CANDIDATES."""
     winners: dict[str, TileConfig] = {}
-    rows: list[dict] = []
     pools = candidates or CANDIDATES
     for head_dim in head_dims:
         heads = max(1, 2048 // head_dim)
@@ -135,10 +147,11 @@ def sweep(
                 else contextlib.nullcontext()
             )
             with in_place:
-                best = _sweep_kind(kind, key, q, k, v, pool, rep, device, deadline, rows)
+                best = _sweep_kind(kind, key, q, k, v, pool, rep, device, hooks)
             if best is not None:
                 winners[key] = best
-    return winners, rows
+            hooks.winners(winners)
+    return winners
 
 
 def table_for(device, winners: dict[str, TileConfig]) -> dict:
