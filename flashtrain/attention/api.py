@@ -34,7 +34,9 @@ def _attend(
     validation.check_dropout(dropout_p)
     validation.check_softcap(softcap)
     if packed:
-        validation.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
+        cu_seqlens_q, cu_seqlens_k = validation.check_cu_seqlens(
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k
+        )
         batch, heads_q = cu_seqlens_q.numel() - 1, q.shape[1]
         max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     else:
