@@ -1,0 +1,24 @@
+"""Hugging Face interop: flashtrain models in and out of transformers' format, and flashtrain's
+attention inside transformers models.
+
+    from flashtrain.hf import to_hf, from_hf, export_checkpoint, register
+    hf_model = to_hf(model)                      # GPT2LMHeadModel / BertForMaskedLM / ...
+    model = from_hf("path/or/hub-id")            # or from a transformers model object
+    export_checkpoint("run/checkpoints", "out")  # a folder from_pretrained loads (export.py)
+    register()                                   # attn_implementation="flashtrain" (attention.py)
+
+Training needs none of this (model.init_from=hf:... imports only source.py's readers, which need
+safetensors); transformers and safetensors are the `hf` extra: pip install -e ".[hf]".
+"""
+
+from flashtrain.hf.convert import from_hf, hf_config_dict, to_hf
+from flashtrain.hf.registry import MAPPINGS, mapping_for, mapping_for_hf
+
+__all__ = [
+    "MAPPINGS",
+    "from_hf",
+    "hf_config_dict",
+    "mapping_for",
+    "mapping_for_hf",
+    "to_hf",
+]
