@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,3 +77,54 @@ def assert_same_state(a: dict, b: dict) -> None:
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).norm() / want.norm()).item()
+
+
+# ---- trainer runs and checkpoints ---------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A GPT-2 small enough for a CPU step in tens of milliseconds (tests/train's TINY).
+TINY_RUN = [
+    "model=gpt2-tiny",
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.d_model=64",
+    "seq_len=64",
+    "micro_batch_size=4",
+    "global_batch_size=8",
+    "trainer.eval_batches=2",
+    "logger=none",
+    "trainer.progress=lines",
+    "trainer.log_interval=1",
+]
+
+
+def run_train(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = dict(os.environ, FLASHTRAIN_CPU_ATTENTION="torch", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r.get("loss") is not None}
+
+
+def save_model_checkpoint(root: Path, model, run_config: dict, *, sharded=False, step=1) -> Path:
+    """A trainer-format checkpoint of `model` (sharded: the DCP format FSDP2 runs write; here
+    from one process), with `run_config` as its config.yaml."""
+    from omegaconf import OmegaConf
+
+    from flashtrain.train.checkpoint import save_checkpoint
+
+    optimizer = torch.optim.AdamW(model.parameters())
+    meta = {"model_config": dataclasses.asdict(model.config), "run_name": "test"}
+    return save_checkpoint(
+        root, step, model=model, optimizer=optimizer, trainer_state={}, meta=meta,
+        config_yaml=OmegaConf.to_yaml(run_config), sharded=sharded,
+    )  # fmt: skip
