@@ -9,21 +9,11 @@ import sys
 
 import pytest
 import torch
-from hf_testing import REPO, TINY_RUN, rel_err, run_train, save_model_checkpoint, transformers
+from hf_testing import REPO, rel_err, save_model_checkpoint, transformers
 
 from flashtrain.hf.checkpoint_model import load_checkpoint_model
 from flashtrain.hf.export import export_checkpoint
 from flashtrain.models import build_model
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A short real `python train.py` run: 6 steps, a checkpoint at step 6."""
-    cwd = tmp_path_factory.mktemp("run")
-    res = run_train([*TINY_RUN, "trainer.max_steps=6", "trainer.ckpt_interval=6",
-                     "trainer.eval_interval=6", "hydra.run.dir=run"], cwd)  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    return cwd / "run"
 
 
 def flashtrain_logits(model, ids):

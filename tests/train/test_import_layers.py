@@ -15,10 +15,12 @@ ALLOWED = {
     "file_integrity": set(),
     "kernels": set(),
     "attention": {"kernels", "typed_config"},
-    "models": {"attention", "kernels", "typed_config"},
+    # models -> hf only lazily, for model.init_from=hf:... (flashtrain.hf.init_from)
+    "models": {"attention", "kernels", "typed_config", "hf"},
     "data": {"typed_config", "file_integrity"},
     "bench": {"attention", "kernels", "train"},  # the GPU suite measures the trainer too
     "train": {"models", "data", "attention", "kernels", "typed_config", "file_integrity"},
+    "hf": {"models", "data", "train", "attention", "kernels", "typed_config", "file_integrity"},
 }
 
 
