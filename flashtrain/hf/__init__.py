@@ -16,9 +16,25 @@ from flashtrain.hf.registry import MAPPINGS, mapping_for, mapping_for_hf
 
 __all__ = [
     "MAPPINGS",
+    "export_checkpoint",
     "from_hf",
     "hf_config_dict",
     "mapping_for",
     "mapping_for_hf",
+    "register",
     "to_hf",
 ]
+
+
+def register() -> str:
+    """Register attn_implementation="flashtrain" with transformers (flashtrain/hf/attention.py)."""
+    from flashtrain.hf.attention import register as _register
+
+    return _register()
+
+
+def export_checkpoint(checkpoint, out_dir, **options):
+    """A flashtrain checkpoint -> a transformers folder (flashtrain/hf/export.py)."""
+    from flashtrain.hf.export import export_checkpoint as _export
+
+    return _export(checkpoint, out_dir, **options)
