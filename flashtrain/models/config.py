@@ -27,7 +27,7 @@ POSITION_RESIZE_MODES = ("interpolate", "copy")
 class TransformerConfig:
     """Fields every architecture has; the subclasses below set their own defaults."""
 
-    arch: str = ""  # gpt2 | bert | classifier: the key of MODEL_CONFIGS
+    arch: str = ""  # gpt2 | bert | classifier | llama: the key of MODEL_CONFIGS
     n_layer: int = 12
     n_head: int = 12
     d_model: int = 768
@@ -175,8 +175,12 @@ class ClassifierConfig(TransformerConfig):
         return math.isqrt(self.max_seq_len)
 
 
+# LlamaConfig lives with its model (flashtrain/models/llama.py), which imports this module's
+# TransformerConfig: imported here, below everything llama.py needs from this file.
+from flashtrain.models.llama import LlamaConfig  # noqa: E402
+
 MODEL_CONFIGS: dict[str, type[TransformerConfig]] = {
-    cls.arch: cls for cls in (GPT2Config, BertConfig, ClassifierConfig)
+    cls.arch: cls for cls in (GPT2Config, BertConfig, ClassifierConfig, LlamaConfig)
 }
 
 
