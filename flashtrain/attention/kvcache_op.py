@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from flashtrain.attention.backend import use_triton
+from flashtrain.attention.route import route_for
 
 # Query rows per chunk of the PyTorch path: a (B, H, CHUNK, S_cache) float32 block is its
 # largest temporary.
@@ -77,7 +77,7 @@ def kvcache_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out like q, lse (B, Hq, Sq) float32). seqlens_k int32 (B,): keys per entry;
     window sides -1 = unbounded (causal folded in as right = 0); alibi_slopes float32 (B, Hq)."""
-    if use_triton(q.device):
+    if route_for(q.device) == "triton":
         from flashtrain.kernels.common import UNBOUNDED
         from flashtrain.kernels.flash_decode import flash_decode
 

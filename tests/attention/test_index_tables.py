@@ -52,7 +52,7 @@ def test_kernel_launchers_refuse_strided_tables():
                   window_right=1 << 30, dropout_p=0.0, seed=0)  # fmt: skip
     with pytest.raises(ValueError, match="cu_seqlens_q must be int32 with its last dim contiguous"):
         flash_forward(q, q, q, out, lse, cu_seqlens_q=cu, cu_seqlens_k=cu.contiguous(), **common)
-    from flashtrain.attention.block_layout import BlockSparseLayout
+    from flashtrain.attention.sparsity.layout import BlockSparseLayout
 
     tables = BlockSparseLayout(torch.ones(1, 2, 2, dtype=torch.bool), 64).tables(
         128, 128, False, "cpu"
