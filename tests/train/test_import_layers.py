@@ -23,7 +23,16 @@ LIBRARY = {
     "models": {"attention", "kernels", "typed_config", "hf"},
     "data": {"typed_config", "file_integrity"},
     "train": {"models", "data", "attention", "kernels", "typed_config", "file_integrity", "utils"},
-    "hf": {"models", "data", "train", "attention", "kernels", "typed_config", "file_integrity", "utils"},
+    "hf": {
+        "models",
+        "data",
+        "train",
+        "attention",
+        "kernels",
+        "typed_config",
+        "file_integrity",
+        "utils",
+    },
 }
 LAB_BASE = set(LIBRARY) | {"lab", "lab.checkout"}  # what every part of the lab may use
 ALLOWED = {
