@@ -33,6 +33,8 @@ LIBRARY = {
         "file_integrity",
         "utils",
     },
+    # after training: sampling and evaluation read checkpoints through train
+    "inference": {"models", "data", "train", "attention", "kernels", "typed_config", "utils"},
 }
 LAB_BASE = set(LIBRARY) | {"lab", "lab.checkout"}  # what every part of the lab may use
 ALLOWED = {
