@@ -118,17 +118,25 @@ def test_unlisted_files_are_reported_and_ignored(tmp_path, caplog):
     assert any("notes.txt" in r.getMessage() for r in caplog.records)
 
 
-def test_a_checkpoint_without_checksums_still_loads_with_a_note(tmp_path, caplog):
+def test_a_checkpoint_without_checksums_loads_only_when_allowed_and_with_a_note(tmp_path, caplog):
     model, opt = trained()
     path = save(tmp_path, 4, model, opt, state={"step": 4})
     meta = json.loads((path / "meta.json").read_text())
     del meta["files"]
-    meta["version"] = 1  # what the first format wrote
+    meta["version"] = 1  # what the first format wrote (or a file list removed)
     (path / "meta.json").write_text(json.dumps(meta))
-    assert ckpt.resolve_resume("auto", tmp_path) == path
     fresh, fresh_opt = trained(seed=3, steps=0)
+    allow = "trainer.allow_unverified_checkpoint=true"
+    for resume in ("auto", str(path)):  # auto does not go back past it either
+        with pytest.raises(ckpt.UnverifiedCheckpointError, match=allow):
+            ckpt.resolve_resume(resume, tmp_path)
+    with pytest.raises(ckpt.UnverifiedCheckpointError, match=allow):
+        ckpt.load_checkpoint(path, model=fresh, optimizer=fresh_opt)
+    assert ckpt.resolve_resume("auto", tmp_path, allow_unverified=True) == path
     with caplog.at_level(logging.INFO, logger="flashtrain"):
-        state, _ = ckpt.load_checkpoint(path, model=fresh, optimizer=fresh_opt)
+        state, _ = ckpt.load_checkpoint(
+            path, model=fresh, optimizer=fresh_opt, allow_unverified=True
+        )
     assert state == {"step": 4}
     notes = [r.getMessage() for r in caplog.records if "unverified" in r.getMessage()]
     assert len(notes) == 1 and "version 1" in notes[0]
