@@ -40,6 +40,7 @@ from flashtrain.train.distributed import (
     DistEnv,
     all_reduce_sum,
     broadcast_object,
+    resolve_precision,
     resolve_strategy,
     setup_distributed,
     teardown_distributed,
@@ -47,6 +48,7 @@ from flashtrain.train.distributed import (
     wrap_model,
 )
 from flashtrain.train.errors import from_config
+from flashtrain.train.evaluation import evaluate_model
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
 from flashtrain.train.interval import IntervalStats
 from flashtrain.train.loggers import Loggers, build_loggers, git_commit
@@ -60,7 +62,7 @@ from flashtrain.train.metrics import (
     memory_metrics,
 )
 from flashtrain.train.optim import build_optimizer, build_scheduler
-from flashtrain.train.prefetch import StepPrefetcher
+from flashtrain.train.prefetch import StepPrefetcher, to_device
 from flashtrain.train.progress import Progress, format_metrics
 from flashtrain.train.run_info import write_run_info
 from flashtrain.train.run_lock import CheckpointDirBusy, RunLock
@@ -90,16 +92,6 @@ def host_values(values: torch.Tensor) -> list[float]:
     return values.tolist()
 
 
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """A batch's tensors on `device` (non-blocking: pinned on CUDA by the prefetcher); other
-    values (max_seqlen) as they are."""
-    with record_function("flashtrain::data"):
-        return {
-            k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-            for k, v in batch.items()
-        }
-
-
 class Trainer:
     """__init__ builds the run: process group, model (wrapped for DDP / FSDP2), optimizer,
     schedule, data and the counters, and prints the summary. fit() restores a checkpoint when
@@ -119,6 +111,7 @@ class Trainer:
         self.lock: RunLock | None = None
         self.model = self.raw_model = self.optimizer = self.scheduler = self.scaler = None
         self.state = RunState()
+        self.checkpoints: RunCheckpoints | None = None
         self.cfg = cfg = validate_config(cfg)
         t = cfg.trainer
         self.env: DistEnv = setup_distributed(
@@ -145,7 +138,7 @@ class Trainer:
         self.strategy = resolve_strategy(t.strategy, env.world_size)
         self.plan: BatchPlan = batch_plan(cfg, env.world_size, t.context_parallel)
         self.cp: ContextParallel = setup_context_parallel(cfg, env)
-        self.precision = self._resolve_precision()
+        self.precision = resolve_precision(t.precision, env.device, self.strategy)
         self.run_dir = Path(
             broadcast_object(str(Path(run_dir).absolute()) if env.is_main else None)
         )
@@ -247,7 +240,9 @@ class Trainer:
 
     def _lock_checkpoint_folder(self) -> None:
         """Rank 0 takes the lock on the checkpoint folder (creating it: the check that it can
-        be written) before anything is built; every rank learns whether that failed."""
+        be written) before the weights and the data; every rank learns whether that failed.
+        While rank 0 waits for the lock (trainer.wait_for_lock), the other ranks wait for it,
+        up to trainer.dist_timeout_s."""
         error = None
         if self.env.is_main:
             lock = RunLock(self.ckpt_root, self.run_name)
@@ -258,21 +253,6 @@ class Trainer:
         error = broadcast_object(error)
         if error is not None:
             raise error
-
-    def _resolve_precision(self) -> str:
-        p = self.cfg.trainer.precision
-        device = self.env.device
-        if p == "auto":
-            p = "bf16" if device.type == "cuda" else "fp32"
-        if p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ConfigError("this GPU has no bf16; use trainer.precision=fp16 (or fp32)")
-        if p == "fp16" and self.strategy == "fsdp":
-            raise ConfigError(
-                "trainer.precision=fp16 is not supported with FSDP2 here; use bf16 (or fp32)"
-            )
-        if p == "fp16" and device.type != "cuda":
-            raise ConfigError("trainer.precision=fp16 needs a CUDA device; use bf16 or fp32")
-        return p
 
     def _default_name(self) -> str:
         exp = self.choices.get("experiment")
@@ -559,60 +539,17 @@ class Trainer:
 
     # ------------------------------------------------------------------- eval
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Loss (and perplexity for LM/MLM, accuracy for MLM/classification) on the val set."""
-        env = self.env
-        model = self.model if self.strategy == "fsdp" else self.raw_model
-        model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, n, correct
-        has_correct = False
-        it = iter(self.data.val_batches())  # at most trainer.eval_batches per rank
-        last_batch = None
-        while True:
-            batch = next(it, None)
-            if self.strategy == "fsdp":
-                # FSDP forward passes are collectives: go on while any rank has data, with
-                # ranks that ran out repeating their last batch at weight zero.
-                more = all_reduce_sum(torch.tensor([float(batch is not None)], device=env.device))
-                if float(more) == 0:
-                    break
-                weight = 1.0 if batch is not None else 0.0
-                batch = batch if batch is not None else last_batch
-                if batch is None:
-                    raise RuntimeError(f"rank {env.rank} has no validation data for FSDP eval")
-            elif batch is None:
-                break
-            else:
-                weight = 1.0
-            last_batch = batch
-            with self._autocast():
-                out = model(**to_device(batch, env.device))
-            n = out.num_targets.double() * weight
-            if float(n) > 0:
-                sums[0] += out.loss.double() * n
-            sums[1] += n
-            if out.correct is not None:
-                has_correct = True
-                sums[2] += out.correct.double() * weight
-        all_reduce_sum(sums)
-        model.train()
-        total = float(sums[1])
-        metrics: dict[str, float] = {}
-        if total > 0:
-            loss = float(sums[0]) / total
-            metrics["eval/loss"] = loss
-            if self.data.task in ("lm", "mlm"):
-                metrics["eval/ppl"] = math.exp(min(loss, 50.0))
-            if has_correct or self.data.task == "classification":
-                metrics["eval/accuracy"] = float(sums[2]) / total
+        """The validation metrics (flashtrain/train/evaluation.py), logged and kept."""
+        sharded = self.strategy == "fsdp"
+        model = self.model if sharded else self.raw_model
+        metrics = evaluate_model(
+            model, self.data, self.env, sharded=sharded, autocast=self._autocast
+        )
         self.eval_history.append((self.step, metrics))
-        if env.is_main:
-            log.info(
-                "eval at step %d: %s",
-                self.step,
-                format_metrics(metrics) or "no validation data",
-            )
+        if self.env.is_main:
+            text = format_metrics(metrics) or "no validation data"
+            log.info("eval at step %d: %s", self.step, text)
             self.loggers.log(metrics, self.step)
         return metrics
 
