@@ -112,6 +112,12 @@ class AssociativeRecall(DataModule):
         """Where the eval loss lies between the no-context floor and the optimum, in words.
         The model counts as using its context once it closes a tenth of that gap."""
         floor, best = math.log(self.num_values), self.optimal_loss()
+        if floor - best < 1e-12:  # seq_len <= 2: one pair, no earlier key to recall from
+            return (
+                f"eval/loss {eval_loss:.3f}: at seq_len {self.seq_len} no value has an earlier "
+                f"pair to recall, so the best possible is the no-context floor {floor:.3f}; "
+                f"use seq_len >= 3 to measure recall"
+            )
         closed = (floor - eval_loss) / (floor - best)
         where = (
             f"eval/loss {eval_loss:.3f}: the no-context floor is {floor:.3f}, the best possible "
