@@ -72,7 +72,7 @@ class TrainerConfig:
     keep_last: int = 3  # checkpoints kept on disk (0 = keep all)
     ckpt_dir: str | None = None  # null = <run dir>/checkpoints
     resume: str | None = None  # null | auto (newest in ckpt_dir, if any) | <checkpoint or folder>
-    allow_schedule_change: bool = False  # resume although the lr schedule changed (docs/training.md)
+    allow_schedule_change: bool = False  # resume across an lr schedule change (docs/training.md)
     on_nonfinite: str = "stop"  # NaN/inf loss: stop (naming the step) | skip (drop the update)
     max_skipped_steps: int = 10  # with skip: stop after this many in a row
     progress: str = "auto"  # auto (a bar on a terminal, lines otherwise) | bar | lines | none
