@@ -28,7 +28,7 @@ ALLOWED = {
     **LIBRARY,
     "lab": set(),  # flashtrain/lab/__init__.py: a docstring
     "lab.checkout": set(),
-    "lab.experiments": set(),
+    "lab.experiments": {"lab", "lab.checkout"},
     "lab.bench": LAB_BASE,
     "lab.reports": LAB_BASE | {"lab.experiments", "lab.bench"},
     "lab.reproduce": LAB_BASE | {"lab.experiments", "lab.bench", "lab.reports"},
