@@ -34,7 +34,9 @@ def _attend(
     validation.check_dropout(dropout_p)
     validation.check_softcap(softcap)
     if packed:
-        validation.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
+        cu_seqlens_q, cu_seqlens_k = validation.check_cu_seqlens(
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k
+        )
         batch, heads_q = cu_seqlens_q.numel() - 1, q.shape[1]
         max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     else:
@@ -165,7 +167,9 @@ def blocksparse_attn_func(
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D). block_mask: bool (Hm, ceil(Sq/bs), ceil(Sk/bs)),
     Hm 1 (shared) or Hq, or a BlockSparseLayout from flashtrain.attention.sparsity (whose
-    compiled tables are cached across calls; so are a raw mask's, while it lives unchanged).
+    compiled tables are cached across calls; it owns a copy of its mask). A raw CPU mask's tables
+    are cached by its contents, so an in-place edit, even through numpy or .data, is seen; a raw
+    GPU mask compiles its tables on each call (no host sync), so pass a layout there.
     Rows whose blocks are all empty return 0 with lse -inf and pass no gradient. The other
     options and the return values are those of flash_attn_func.
     """

@@ -106,25 +106,32 @@ def values_checked(device: torch.device) -> bool:
     return device.type == "cpu" or os.environ.get("FLASHTRAIN_CHECK_INPUTS", "0") == "1"
 
 
-def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
-    """Prefix sums: int32, 1-D, same length, start at 0, non-decreasing, end at total, and the
-    declared maxima cover every sequence (the kernels size their grid from them).
-    The value checks read the tensors, so they run only where values_checked says."""
+def index_table(t, name: str, device: torch.device, what: str) -> torch.Tensor:
+    """A 1-D int32 table the kernels index themselves (cu_seqlens and the like): checked for
+    type, dtype, rank and device, and returned contiguous: the kernels read entry b at
+    `table + b`, so a strided view (`cu[::2]`) would read the entries in between. Copying a
+    few integers costs nothing; refusing it would only move the copy into the user's code."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a 1-D int32 tensor of {what}, got {got}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    return t.contiguous()
+
+
+def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k):
+    """Prefix sums: int32, 1-D, on q's device, same length, start at 0, non-decreasing, end at
+    total, and the declared maxima cover every sequence (the kernels size their grid from them).
+    Returns (cu_q, cu_k) contiguous (index_table). The value checks read the tensors, so they
+    run only where values_checked says."""
+    cu_q = index_table(cu_q, "cu_seqlens_q", q.device, "prefix sums")
+    cu_k = index_table(cu_k, "cu_seqlens_k", q.device, "prefix sums")
     for name, cu, total, max_len in (
         ("cu_seqlens_q", cu_q, q.shape[0], max_seqlen_q),
         ("cu_seqlens_k", cu_k, k.shape[0], max_seqlen_k),
     ):
-        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-            got = (
-                f"{cu.dtype} {tuple(cu.shape)}"
-                if isinstance(cu, torch.Tensor)
-                else type(cu).__name__
-            )
-            raise ValueError(f"{name} must be a 1-D int32 tensor of prefix sums, got {got}")
         if cu.numel() < 2:
             raise ValueError(f"{name} needs at least 2 entries (batch + 1), got {cu.numel()}")
-        if cu.device != q.device:
-            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
         if not values_checked(cu.device):
             continue
         values = cu.cpu()
@@ -145,6 +152,7 @@ def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
         raise ValueError(
             f"cu_seqlens_q has {cu_q.numel()} entries and cu_seqlens_k {cu_k.numel()}: one per sequence + 1"
         )
+    return cu_q, cu_k
 
 
 def check_block_mask(block_mask, block_size: int, q: torch.Tensor, k: torch.Tensor):

@@ -61,6 +61,9 @@ def main() -> None:
 
     from flashtrain.data.pathfinder import generate_pathfinder
     from flashtrain.data.pathfinder.cache import load_or_generate
+    from flashtrain.data.pathfinder.generator import all_cores
+
+    workers = args.workers or all_cores()
 
     start = time.perf_counter()
     if args.no_cache:
@@ -69,7 +72,7 @@ def main() -> None:
             args.resolution,
             args.contour_length,
             args.seed,
-            num_workers=args.workers,
+            num_workers=workers,
             progress=True,
         )
     else:
@@ -79,11 +82,10 @@ def main() -> None:
             args.contour_length,
             args.num,
             args.seed,
-            num_workers=args.workers,
+            num_workers=workers,
             progress=True,
         )
     seconds = time.perf_counter() - start
-    workers = args.workers or len(os.sched_getaffinity(0))
     print(
         f"{len(images)} images {args.resolution}x{args.resolution}, contour length "
         f"{args.contour_length}: {seconds:.1f} s = {len(images) / seconds:.1f} images/s "

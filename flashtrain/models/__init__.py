@@ -1,12 +1,13 @@
-"""Models on the project's attention: GPT-2, BERT and a long-sequence classifier.
+"""Models on the project's attention: GPT-2, BERT, Llama-family decoders and a long-sequence
+classifier.
 
     from flashtrain.models import build_model
     model = build_model(cfg.model, cfg.attention)     # configs or mappings (see config.py)
     out = model(**batch)                              # ModelOutput(loss, num_targets, correct, logits)
 
-configs/model/<name>.yaml: a model config (config.py: GPT2Config, BertConfig, ClassifierConfig,
-picked by `arch`); configs/attention/<name>.yaml: an attention impl's config (attention_layers.py,
-picked by `impl`: flash | blocksparse | sdpa | reference). See README.md beside this file for
+configs/model/<name>.yaml: a model config (config.py: GPT2Config, BertConfig, ClassifierConfig;
+llama.py: LlamaConfig; picked by `arch`); configs/attention/<name>.yaml: an attention impl's
+config (attention_layers.py, picked by `impl`: flash | blocksparse | sdpa | reference). See README.md beside this file for
 memory at long context.
 """
 
@@ -33,6 +34,7 @@ from flashtrain.models.config import (
     model_config,
 )
 from flashtrain.models.gpt2 import GPT2
+from flashtrain.models.llama import Llama, LlamaConfig
 from flashtrain.models.loss import linear_cross_entropy
 from flashtrain.models.positions import resize_positions
 from flashtrain.models.transformer import Block, ModelOutput, TransformerModel
@@ -41,6 +43,7 @@ ARCHS: dict[str, type[TransformerModel]] = {
     "gpt2": GPT2,
     "bert": Bert,
     "classifier": SequenceClassifier,
+    "llama": Llama,
 }
 
 
@@ -64,6 +67,8 @@ __all__ = [
     "ClassifierConfig",
     "GPT2",
     "GPT2Config",
+    "Llama",
+    "LlamaConfig",
     "ModelOutput",
     "RingAttention",
     "SequenceClassifier",

@@ -39,7 +39,7 @@ from flashtrain.attention import (
     sparsity,
     unpad_input,
 )
-from flashtrain.attention.reference import attention_reference
+from flashtrain.attention.reference import allowed_mask, attention_reference, fold_window
 from flashtrain.attention.ring_sharding import check_layout, group_rank_and_size
 from flashtrain.attention.validation import MAX_HEAD_DIM
 from flashtrain.typed_config import check_choice, typed_group
@@ -89,6 +89,9 @@ class AttentionContext:
     Packed layout (flash on a padded batch): hidden states (N, C) of the real tokens only, with
     cu_seqlens int32 (B + 1,) and max_seqlen.
     rotary: (cos, sin), each broadcastable against q (..., H, D/2), or None.
+    window_size: (left, right) keys each query sees around itself, -1 = unbounded (flash-attn's
+    sliding window); softcap > 0: scores s become softcap * tanh(s / softcap). Backends that
+    cannot do either refuse the model at build time (Attention.check_model).
     """
 
     causal: bool = False
@@ -96,6 +99,8 @@ class AttentionContext:
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int | None = None
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+    window_size: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
 
     @property
     def packed(self) -> bool:
@@ -115,6 +120,8 @@ class Attention(nn.Module):
     Config: ClassVar[type[AttentionConfig]]
     runs_our_kernels: ClassVar[bool] = False  # the kernels' head_dim rule applies
     splits_sequence: ClassVar[bool] = False  # each rank holds a shard of every sequence (ring)
+    supports_window: ClassVar[bool] = False  # AttentionContext.window_size
+    supports_softcap: ClassVar[bool] = False  # AttentionContext.softcap
 
     def __init__(self, cfg: AttentionConfig):
         super().__init__()
@@ -136,6 +143,22 @@ class Attention(nn.Module):
                 f"attention={self.impl} needs head_dim = d_model / n_head to be a multiple of 8 "
                 f"up to {MAX_HEAD_DIM}; got {config.d_model} / {config.n_head} = {head_dim}"
             )
+        # model configs with a sliding window / score softcap name them so (LlamaConfig)
+        if getattr(config, "sliding_window", None) and not self.supports_window:
+            raise ValueError(
+                f"{self.describe()} has no sliding window: model.sliding_window="
+                f"{config.sliding_window} needs attention=flash (or sdpa / reference) on one "
+                "process; set model.sliding_window=null to attend to the whole context"
+            )
+        if getattr(config, "attn_logit_softcap", None) and not self.supports_softcap:
+            raise ValueError(
+                f"{self.describe()} has no score softcap: model.attn_logit_softcap="
+                f"{config.attn_logit_softcap} needs attention=flash or reference on one process"
+            )
+
+    def describe(self) -> str:
+        """How refusals name this backend."""
+        return f"attention={self.impl}"
 
     def sequence_mean(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, C) -> (B, C): the mean over the sequence axis of the whole sequence."""
@@ -160,6 +183,8 @@ class Attention(nn.Module):
 class FlashAttention(Attention):
     Config = FlashAttentionConfig
     runs_our_kernels = True
+    supports_window = True
+    supports_softcap = True
 
     def padded_context(self, x, mask, **ctx_kwargs):
         """The real tokens packed once as (N, C) for the varlen kernel: no compute on padding."""
@@ -169,22 +194,21 @@ class FlashAttention(Attention):
         return packed, ctx, lambda y: pad_input(y, indices, batch, seqlen)
 
     def forward(self, q, k, v, ctx: AttentionContext, dropout_p: float = 0.0) -> torch.Tensor:
+        options = dict(causal=ctx.causal, dropout_p=dropout_p, window_size=ctx.window_size)
+        if ctx.softcap:
+            options["softcap"] = ctx.softcap
         if ctx.packed:  # (N, H, D)
             s = ctx.max_seqlen
             cu = ctx.cu_seqlens
-            return flash_attn_varlen_func(
-                q, k, v, cu, cu, s, s, causal=ctx.causal, dropout_p=dropout_p
-            )
+            return flash_attn_varlen_func(q, k, v, cu, cu, s, s, **options)
         if ctx.key_padding_mask is not None:  # a padded (B, T, H, D) call: pack, attend, unpack
             batch, seqlen = q.shape[:2]
             qkv = torch.stack((q, k, v), dim=2)  # (B, T, 3, H, D)
             packed, indices, cu, s, _ = unpad_input(qkv, ctx.key_padding_mask)  # (N, 3, H, D)
             qp, kp, vp = packed.unbind(1)  # (N, H, D) each
-            out = flash_attn_varlen_func(
-                qp, kp, vp, cu, cu, s, s, causal=ctx.causal, dropout_p=dropout_p
-            )
+            out = flash_attn_varlen_func(qp, kp, vp, cu, cu, s, s, **options)
             return pad_input(out, indices, batch, seqlen)  # (B, T, H, D), zeros at padding
-        return flash_attn_func(q, k, v, causal=ctx.causal, dropout_p=dropout_p)
+        return flash_attn_func(q, k, v, **options)
 
 
 class RingAttention(Attention):
@@ -221,6 +245,9 @@ class RingAttention(Attention):
 
     def extra_repr(self) -> str:
         return f"impl=flash, ring over {self.size} ranks, layout={self.layout}"
+
+    def describe(self) -> str:
+        return "context parallelism (ring attention)"
 
     def check_model(self, config) -> None:
         super().check_model(config)
@@ -311,29 +338,36 @@ class BlockSparseAttention(Attention):
 
 class SDPAAttention(Attention):
     Config = SDPAAttentionConfig
+    supports_window = True  # as an explicit (T, T) mask
 
     def forward(self, q, k, v, ctx: AttentionContext, dropout_p: float = 0.0) -> torch.Tensor:
         self._refuse_packed(ctx)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         mask, attn_mask = ctx.key_padding_mask, None
+        t = q.shape[-2]
+        windowed = tuple(ctx.window_size) != (-1, -1)
+        if windowed or (mask is not None and ctx.causal):
+            window = fold_window(tuple(ctx.window_size), ctx.causal, t)
+            attn_mask = allowed_mask(t, t, window, device=q.device)  # (T, T)
         if mask is not None:
-            attn_mask = mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, T)
-            if ctx.causal:
-                t = q.shape[-2]
-                attn_mask = attn_mask & torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+            padding = mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, T)
+            attn_mask = padding if attn_mask is None else attn_mask & padding
         out = F.scaled_dot_product_attention(
             q,
             k,
             v,
             attn_mask=attn_mask,
             dropout_p=dropout_p,
-            is_causal=ctx.causal and mask is None,
+            is_causal=ctx.causal and attn_mask is None,
+            enable_gqa=k.shape[1] != q.shape[1],
         )
         return out.transpose(1, 2)  # (B, T, H, D)
 
 
 class ReferenceAttention(Attention):
     Config = ReferenceAttentionConfig
+    supports_window = True
+    supports_softcap = True
 
     def forward(self, q, k, v, ctx: AttentionContext, dropout_p: float = 0.0) -> torch.Tensor:
         self._refuse_packed(ctx)
@@ -350,6 +384,8 @@ class ReferenceAttention(Attention):
             k,
             v,
             causal=ctx.causal,
+            window_size=tuple(ctx.window_size),
+            softcap=ctx.softcap,
             element_mask=element_mask,
             dropout_mask=dropout_mask,
             dropout_p=dropout_p,

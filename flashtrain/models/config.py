@@ -27,7 +27,7 @@ POSITION_RESIZE_MODES = ("interpolate", "copy")
 class TransformerConfig:
     """Fields every architecture has; the subclasses below set their own defaults."""
 
-    arch: str = ""  # gpt2 | bert | classifier: the key of MODEL_CONFIGS
+    arch: str = ""  # gpt2 | bert | classifier | llama: the key of MODEL_CONFIGS
     n_layer: int = 12
     n_head: int = 12
     d_model: int = 768
@@ -41,7 +41,7 @@ class TransformerConfig:
     activation: str = "gelu_tanh"  # gelu | gelu_tanh
     recompute: str = "none"  # none | all | every_k (torch.utils.checkpoint, non-reentrant)
     recompute_every: int = 1  # every_k: blocks 0, k, 2k, ... are recomputed
-    init_from: str | None = None  # checkpoint to start from (positions resized if shorter)
+    init_from: str | None = None  # checkpoint to start from (positions resized); hf:PATH_OR_ID
     init_positions: str = "interpolate"  # interpolate | copy: how init_from's positions resize
 
     def __post_init__(self):
@@ -175,8 +175,12 @@ class ClassifierConfig(TransformerConfig):
         return math.isqrt(self.max_seq_len)
 
 
+# LlamaConfig lives with its model (flashtrain/models/llama.py), which imports this module's
+# TransformerConfig: imported here, below everything llama.py needs from this file.
+from flashtrain.models.llama import LlamaConfig  # noqa: E402
+
 MODEL_CONFIGS: dict[str, type[TransformerConfig]] = {
-    cls.arch: cls for cls in (GPT2Config, BertConfig, ClassifierConfig)
+    cls.arch: cls for cls in (GPT2Config, BertConfig, ClassifierConfig, LlamaConfig)
 }
 
 

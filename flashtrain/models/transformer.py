@@ -122,12 +122,18 @@ class TransformerModel(nn.Module):
         self.initialize()
 
     def initialize(self) -> None:
-        """Fresh weights (init_weights), then model.init_from's checkpoint if one is configured.
+        """Fresh weights (init_weights), then model.init_from's checkpoint if one is configured
+        (a torch state dict or trainer checkpoint file, or hf:PATH_OR_ID: flashtrain.hf).
 
         Runs at construction; a model built under `torch.device("meta")` runs it after
         `to_empty(device=...)` (FSDP2-style deferred init)."""
         self.init_weights()
-        if self.config.init_from:
+        if self.config.init_from and self.config.init_from.startswith("hf:"):
+            from flashtrain.hf.init_from import hf_init_state  # transformers-format weights
+
+            state = hf_init_state(self.config.init_from, self)
+            self.load_state_dict_extended(state, mode=self.config.init_positions)
+        elif self.config.init_from:
             state = torch.load(self.config.init_from, map_location="cpu", weights_only=True)
             if isinstance(state, dict) and isinstance(state.get("model"), dict):
                 state = state["model"]  # a trainer checkpoint

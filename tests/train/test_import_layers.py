@@ -19,9 +19,22 @@ LIBRARY = {
     "utils": set(),
     "kernels": set(),
     "attention": {"kernels", "typed_config"},
-    "models": {"attention", "kernels", "typed_config"},
+    # models -> hf only lazily, for model.init_from=hf:... (flashtrain.hf.init_from)
+    "models": {"attention", "kernels", "typed_config", "hf"},
     "data": {"typed_config", "file_integrity"},
     "train": {"models", "data", "attention", "kernels", "typed_config", "file_integrity", "utils"},
+    "hf": {
+        "models",
+        "data",
+        "train",
+        "attention",
+        "kernels",
+        "typed_config",
+        "file_integrity",
+        "utils",
+    },
+    # after training: sampling and evaluation read checkpoints through train
+    "inference": {"models", "data", "train", "attention", "kernels", "typed_config", "utils"},
 }
 LAB_BASE = set(LIBRARY) | {"lab", "lab.checkout"}  # what every part of the lab may use
 ALLOWED = {

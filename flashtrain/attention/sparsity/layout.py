@@ -14,7 +14,7 @@ entirely are dropped, so the kernels never visit them.
 
 from __future__ import annotations
 
-import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -84,7 +84,9 @@ def build_tables(block_mask, block_size, seqlen_q, seqlen_k, causal) -> BlockTab
 
 
 class BlockSparseLayout:
-    """A block mask plus the tables compiled from it, cached per (seqlens, causal, device)."""
+    """A block mask plus the tables compiled from it, cached per (seqlens, causal, device).
+
+    The layout owns a copy of the mask it is given: it is immutable once built."""
 
     def __init__(self, block_mask: torch.Tensor, block_size: int = 128, name: str = "custom"):
         if block_size not in SUPPORTED_BLOCK_SIZES:
@@ -96,7 +98,8 @@ class BlockSparseLayout:
                 "block_mask must be a bool tensor (heads_mask, n_query_blocks, n_key_blocks), got "
                 f"{tuple(block_mask.shape) if isinstance(block_mask, torch.Tensor) else type(block_mask).__name__}"
             )
-        self.block_mask = block_mask.to(torch.bool)
+        # A copy: editing the tensor it was built from must not leave the cached tables stale.
+        self.block_mask = block_mask.to(torch.bool, copy=True)
         self.block_size = block_size
         self.name = name
         self._tables: dict[tuple, BlockTables] = {}
@@ -125,22 +128,29 @@ class BlockSparseLayout:
         )
 
 
-# Raw block masks passed call after call (a model holding a mask tensor) compile once: the layout
-# (built from a copy, so the cache keeps no mask alive) lives as long as the mask, and is rebuilt
-# if the mask is changed in place (its version counter). id -> (weak ref, key, layout)
-_LAYOUTS_OF_MASKS: dict[int, tuple[weakref.ref, tuple[int, int], BlockSparseLayout]] = {}
+# Raw block masks passed call after call (a model holding a mask tensor) compile once. The cache
+# keys on the mask's contents, not on the tensor: a mask edited where torch cannot see it (through
+# numpy after torch.from_numpy, or through .data) bumps no version counter, and a stale layout
+# would be a silent wrong answer. The key holds the mask's bytes (one per block: small), so
+# comparing it is exact; the least recently used entries are dropped past _CACHED_MASKS.
+_CACHED_MASKS = 64
+_LAYOUTS_OF_MASKS: OrderedDict[tuple, BlockSparseLayout] = OrderedDict()
 
 
 def layout_for_mask(block_mask: torch.Tensor, block_size: int) -> BlockSparseLayout:
-    """The cached layout of a raw bool block mask (its tables are then cached per device and
-    sequence lengths, so repeated calls make no new tables and no host-to-device copy)."""
-    key = (block_mask._version, block_size)
-    entry = _LAYOUTS_OF_MASKS.get(id(block_mask))
-    known = entry is not None and entry[0]() is block_mask
-    if known and entry[1] == key:
-        return entry[2]
-    layout = BlockSparseLayout(block_mask.detach().clone(), block_size)
-    if not known:
-        weakref.finalize(block_mask, _LAYOUTS_OF_MASKS.pop, id(block_mask), None)
-    _LAYOUTS_OF_MASKS[id(block_mask)] = (weakref.ref(block_mask), key, layout)
+    """The layout of a raw bool block mask: on the CPU, cached by contents (its tables are then
+    cached per device and sequence lengths, so repeated calls make no new tables); elsewhere a
+    fresh layout per call, since reading a GPU mask's contents would cost a host sync (building
+    the tables is a few small kernels on the device; a BlockSparseLayout compiles them once)."""
+    if block_mask.device.type != "cpu":
+        return BlockSparseLayout(block_mask, block_size)
+    contents = block_mask.detach().numpy().tobytes()  # C order, whatever the strides
+    key = (block_size, tuple(block_mask.shape), contents)
+    layout = _LAYOUTS_OF_MASKS.get(key)
+    if layout is None:
+        layout = BlockSparseLayout(block_mask, block_size)
+        _LAYOUTS_OF_MASKS[key] = layout
+        if len(_LAYOUTS_OF_MASKS) > _CACHED_MASKS:
+            _LAYOUTS_OF_MASKS.popitem(last=False)
+    _LAYOUTS_OF_MASKS.move_to_end(key)
     return layout

@@ -81,7 +81,8 @@ def load_or_generate(
     progress: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Memory-mapped (images (N, R, R) uint8, labels (N,) int64), generated on the first call
-    (continuing an interrupted generation of the same settings)."""
+    (continuing an interrupted generation of the same settings): in this process (num_workers
+    None or 1) or in num_workers worker processes (see generator.generate_pathfinder)."""
     settings_for(resolution)
     if num < 1:
         raise ValueError(f"pathfinder num_samples must be >= 1, got {num}")

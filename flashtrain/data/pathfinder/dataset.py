@@ -14,6 +14,7 @@ import torch
 from flashtrain.data.config import PathfinderConfig, cache_root
 from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
 from flashtrain.data.pathfinder.cache import load_or_generate, pathfinder_cache_dir
+from flashtrain.data.pathfinder.generator import all_cores
 from flashtrain.data.sampling import EpochSampler
 
 CLASS_NAMES = ["different", "same"]
@@ -69,7 +70,7 @@ class PathfinderClassification(SampledDataModule):
                 f"seq_len={size * size} (got {self.seq_len})"
             )
         images, labels = load_or_generate(
-            *self.cache_args(cfg), num_workers=cfg.num_workers, progress=self.rank == 0
+            *self.cache_args(cfg), num_workers=self.workers(cfg), progress=self.rank == 0
         )
         self.dataset = pathfinder_dataset(images, labels).with_format("numpy")
         self.sampler = EpochSampler(
@@ -82,10 +83,16 @@ class PathfinderClassification(SampledDataModule):
         settings = (cfg.resolution, cfg.contour_length, cfg.num_samples, cfg.generator_seed)
         return (cache_root(cfg), *settings)
 
+    @staticmethod
+    def workers(cfg: PathfinderConfig) -> int:
+        """Generator processes: data.num_workers, where null means all cores (train.py and
+        scripts/prepare_data.py, the callers, guard their top level)."""
+        return all_cores() if cfg.num_workers is None else cfg.num_workers
+
     @classmethod
     def prepare(cls, cfg: PathfinderConfig, *, progress: bool = True) -> dict:
         args = cls.cache_args(cfg)
-        images, _ = load_or_generate(*args, num_workers=cfg.num_workers, progress=progress)
+        images, _ = load_or_generate(*args, num_workers=cls.workers(cfg), progress=progress)
         summary = {
             f"{split}_images": hi - lo for split, (lo, hi) in split_ranges(len(images)).items()
         }

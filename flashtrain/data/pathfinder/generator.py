@@ -11,8 +11,11 @@ distance), so the distance between the markers does not give the label away.
 Each image is drawn from its own random stream (seed, resolution, contour length, index), so the
 output depends neither on the number of worker processes nor on `num` (a prefix is stable), nor on
 which chunks of images are made in which run (cache.py resumes an interrupted
-generation from its finished chunks). Images are made in parallel across processes; inside one
-image every growth step is vectorised over all candidate turns and all paddles already placed.
+generation from its finished chunks). Images are made in the calling process unless worker
+processes are asked for (num_workers > 1, as datasets.map's num_proc or a DataLoader's
+num_workers: the calling script then needs `if __name__ == "__main__":`, since each worker
+imports it); inside one image every growth step is vectorised over all candidate turns and all
+paddles already placed.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import signal
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -345,7 +349,8 @@ def _generate_range(task):
     return start, images, labels, records
 
 
-def _default_workers() -> int:
+def all_cores() -> int:
+    """The cores this process may run on: the worker count a config's `num_workers: null` means."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -362,18 +367,36 @@ def chunk_tasks(
     return [(lo, hi, resolution, contour_length, seed, keep_records) for lo, hi in ranges]
 
 
+def check_workers(num_workers: int | None) -> int:
+    """num_workers as a process count: None -> 1 (this process, no workers)."""
+    if num_workers is None:
+        return 1
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(
+            f"num_workers must be None or 1 (this process) or an int > 1 (worker processes), "
+            f"got {num_workers!r}"
+        )
+    return num_workers
+
+
+NEEDS_MAIN_GUARD = (
+    "the Pathfinder worker processes died ({error}). Each worker imports the calling script: "
+    'if the call sits at a script\'s top level, put it under `if __name__ == "__main__":`, or '
+    "generate in this process (num_workers=None or 1)"
+)
+
+
 def run_chunks(tasks: list[tuple], num_workers: int | None, store) -> None:
     """Generate every task, calling store((start, images, labels, records)) in this process as
     each one finishes (in completion order; results are placed by index, so the order does not
-    matter).
+    matter). num_workers None or 1: here, one task after another; N > 1: N worker processes.
 
     No worker outlives the call. On any exception or interrupt (KeyboardInterrupt, a SystemExit
     raised by a signal handler, an error in `store`, a worker that died: BrokenProcessPool) the
     workers are told to stop, abandon their chunk before its next image, and are joined, so the
     call returns within about one image's time and no semaphore leaks.
     """
-    workers = max(1, num_workers if num_workers is not None else _default_workers())
-    workers = min(workers, len(tasks))
+    workers = min(check_workers(num_workers), len(tasks))
     if workers <= 1:
         for task in tasks:
             store(_generate_range(task))
@@ -389,6 +412,9 @@ def run_chunks(tasks: list[tuple], num_workers: int | None, store) -> None:
         futures = [executor.submit(_generate_range, task) for task in tasks]
         for future in as_completed(futures):
             store(future.result())
+    except BrokenProcessPool as error:
+        stop.set()
+        raise RuntimeError(NEEDS_MAIN_GUARD.format(error=error)) from error
     except BaseException:
         stop.set()
         raise
@@ -408,7 +434,8 @@ def generate_pathfinder_into(
     chunk_size: int = 64,
     records_out: list | None = None,
 ) -> None:
-    """Fill images_out (N, R, R) uint8 and labels_out (N,) int64 (e.g. memmaps) in parallel."""
+    """Fill images_out (N, R, R) uint8 and labels_out (N,) int64 (e.g. memmaps): in this
+    process (num_workers None or 1), or in num_workers worker processes."""
     from tqdm.auto import tqdm
 
     num = len(images_out)
@@ -447,6 +474,10 @@ def generate_pathfinder(
     return_records: bool = False,
 ):
     """Generate `num` Pathfinder images.
+
+    num_workers: None or 1 (the default) generates in this process, so the call works anywhere,
+    a script's top level included; N > 1 uses N worker processes, each of which imports the
+    calling script (put the call under `if __name__ == "__main__":`, as for a DataLoader).
 
     Returns (images, labels): uint8 (num, resolution, resolution) and int64 (num,) of 0/1, each
     pair of consecutive images holding one of each label (so an even num is exactly balanced). With
