@@ -39,6 +39,7 @@ from flashtrain.lab import experiments
 from flashtrain.lab.bench.results import write_json
 from flashtrain.lab.checkout import REPO
 from flashtrain.lab.experiments import EXPERIMENT_NAMES, SCALES
+from flashtrain.lab.experiments.overrides import merge_overrides, setting
 from flashtrain.lab.experiments.spec import Run, ScalePlan
 from flashtrain.lab.reports import write_reports
 from flashtrain.lab.reports.runs import (
@@ -51,24 +52,6 @@ from flashtrain.lab.reports.runs import (
 from flashtrain.utils import git_commit
 
 _PLAIN_VALUE = re.compile(r"^[\w./:@+-]+$")  # needs no quoting in a Hydra override
-
-
-def override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def merge_overrides(*groups: Sequence[str]) -> list[str]:
-    """The overrides in order of first appearance, each key with its last value."""
-    merged: dict[str, str] = {}
-    for group in groups:
-        for override in group:
-            merged[override_key(override)] = override
-    return list(merged.values())
-
-
-def override_value(overrides: Sequence[str], key: str) -> str | None:
-    values = [o.split("=", 1)[1] for o in overrides if "=" in o and override_key(o) == key]
-    return values[-1] if values else None
 
 
 def hydra_value(text: str) -> str:
@@ -124,12 +107,12 @@ def train_state(run: Run, run_dir: Path, extra: Sequence[str] = ()) -> tuple[str
     if not metrics.is_file():
         return "new", 0
     overrides = run_overrides(run, run_dir, extra)
-    planned = override_value(overrides, "trainer.max_steps")
+    planned = setting(overrides, "trainer.max_steps")
     if planned is None:
-        raise ValueError(f"run {run.name} sets no trainer.max_steps; the tables must name it")
+        raise ValueError(f"run {run.name} sets no trainer.max_steps; its preset or point must")
     train, evals = read_metrics(metrics)
     step = train[-1]["step"] if train else 0
-    final_eval = override_value(overrides, "trainer.eval_at_end") not in ("false", "False")
+    final_eval = setting(overrides, "trainer.eval_at_end") not in ("false", "False")
     evaluated = not final_eval or any(e["step"] >= int(planned) for e in evals)
     return ("finished" if step >= int(planned) and evaluated else "partial"), step
 

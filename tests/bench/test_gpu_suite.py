@@ -112,10 +112,26 @@ def test_every_measurement_is_on_disk_before_the_next_starts(tmp_path):
     assert state(tmp_path)["sections"]["peaks"]["status"] == status
 
 
+def test_sigterm_stops_at_the_next_measurement(tmp_path):
+    """The handler's effect, in this process: the measurement in flight ends, the next is
+    skipped with the signal's name, and the section says so."""
+    record = Record(tmp_path, 60.0, summary_markdown, derive)
+    record.state["runs"].append({"dry_run": True})
+    sec = record.section("peaks")
+    sec.plan(["first", "second"])
+    stop = lambda: record._on_signal(signal.SIGTERM, None) or {"matmul_peak_tflops": 1.0}  # noqa: E731
+    sec.measure("first", stop)
+    sec.measure("second", lambda: pytest.fail("started after the stop"))
+    assert sec.finish() == "incomplete: 1 of 2 measured (stopped by SIGTERM)"
+    measured = state(tmp_path)["sections"]["peaks"]["measured"]
+    assert measured == {"first": "ok", "second": "skipped: stopped by SIGTERM"}
+
+
 def test_sigint_mid_run_keeps_what_finished(tmp_path):
     """SIGINT while the training section runs: the measurement in flight finishes, nothing else
     starts, and suite.json holds every finished measurement; exit 130."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     env["FLASHTRAIN_CPU_ATTENTION"] = "torch"
     cmd = [sys.executable, "-m", "flashtrain.lab.gpu_suite.cli", "--dry-run", "--out",
            str(tmp_path), "--sections", "correctness", "training", "long"]  # fmt: skip

@@ -349,7 +349,8 @@ def section_pytest(suite: Suite, sec: Section) -> None:
         raise SectionFailed(f"{', '.join(missing)} missing: {WHEELS_HINT}")
 
     def run() -> dict:
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
+        # -p flashtrain.lab.checkout: the tests import flashtrain.kernels from an uninstalled tree
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "flashtrain.lab.checkout", "-q", "-rfE",
                f"--junitxml={suite.out / PYTEST_JUNIT}", *suite.pytest_args]  # fmt: skip
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(suite.out / PYTEST_LOG, "w") as log:
