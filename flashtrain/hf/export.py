@@ -25,7 +25,7 @@ from flashtrain.hf.registry import mapping_for
 from flashtrain.hf.tokenizer_files import TokenizerInfo, write_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DECODERS = ("gpt2",)
+DECODERS = ("gpt2", "llama")
 
 
 def export_checkpoint(

@@ -4,6 +4,7 @@ flashtrain's logits; sharded (DCP) checkpoints, tokenizer files, byte-level note
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
 
@@ -130,7 +131,7 @@ def test_byte_level_bert_run(tmp_path):
         )
 
 
-def test_refusals(tmp_path, trained):
+def test_refusals(tmp_path, trained, capsys):
     classifier = build_model(dict(arch="classifier", n_layer=1, n_head=2, d_model=32, d_ff=64,
                                   max_seq_len=64), {"impl": "reference"})  # fmt: skip
     ckpt = save_model_checkpoint(tmp_path / "ckpt", classifier, {"data": {"name": "pathx"}})
@@ -138,11 +139,9 @@ def test_refusals(tmp_path, trained):
         export_checkpoint(ckpt, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     (tmp_path / "taken").mkdir()
-    res = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(trained / "checkpoints"), str(tmp_path / "taken")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert res.returncode == 2 and "exists; pass overwrite=True (--overwrite)" in res.stderr
+    script = runpy.run_path(str(REPO / "scripts" / "export_hf.py"))  # the shim, in-process
+    assert script["main"]([str(trained / "checkpoints"), str(tmp_path / "taken")]) == 2
+    assert "exists; pass overwrite=True (--overwrite)" in capsys.readouterr().err
     export_checkpoint(trained / "checkpoints", tmp_path / "taken", overwrite=True)
     assert (tmp_path / "taken" / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "taken"]
