@@ -184,3 +184,19 @@ def test_export_of_a_real_fsdp2_run(tmp_path):
     assert sorted(got) == sorted(want)
     for key in want:
         assert torch.equal(got[key], want[key]), key
+
+
+def test_missing_tokenizer_files_are_named(tmp_path):
+    data = dict(name="text_files", tokenizer="wordpiece", tokenizer_path=str(tmp_path / "absent"),
+                tokenizer_name="not-a-hub-tokenizer", lowercase=True, cache_dir=str(tmp_path),
+                vocab_size=40)  # fmt: skip
+    model = build_model(dict(arch="gpt2", n_layer=1, n_head=2, d_model=32, max_seq_len=16,
+                             vocab_size=40), {"impl": "reference"})  # fmt: skip
+    ckpt = save_model_checkpoint(tmp_path / "ckpt", model, {"data": data})
+    with pytest.raises(
+        FileNotFoundError, match="(?s)WordPiece vocab.txt not found.*--no-tokenizer"
+    ):
+        export_checkpoint(ckpt, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    out = export_checkpoint(ckpt, tmp_path / "out", tokenizer=False)
+    assert "not exported (--no-tokenizer)" in (out / "README.md").read_text()
