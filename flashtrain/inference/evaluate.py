@@ -20,9 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flashtrain.data.config import SyntheticConfig, data_config
+from flashtrain.data.config import SyntheticConfig
 from flashtrain.data.lm import TokenCacheLM, lm_batch
-from flashtrain.data.registry import build_data
+from flashtrain.data.registry import build_data, data_config
 from flashtrain.inference.generate import position_limit
 
 IGNORE_INDEX = -100

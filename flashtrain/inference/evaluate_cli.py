@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from flashtrain.data.config import data_config
+from flashtrain.data.registry import data_config
 from flashtrain.inference import evaluate_report
 from flashtrain.inference.checkpoint import load_for_inference, run_tokenizer
 from flashtrain.inference.evaluate import evaluate_length
