@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from flashtrain.data.files import atomic_path
-from flashtrain.lab.reports.plots import curves, panels, save
+from flashtrain.plots import curves, panels, save
 
 
 def _fmt(value, digits: int = 4) -> str:
