@@ -50,7 +50,9 @@ def composed_data_config(name: str, overrides: list[str]):
     """configs/data/<name>.yaml with KEY=VALUE overrides, composed as train.py composes it."""
     from hydra import compose, initialize_config_dir
 
-    import flashtrain.train  # noqa: F401 - registers the schemas and resolvers
+    from flashtrain.train import register_schemas
+
+    register_schemas()
 
     if not CONFIGS.is_dir():
         raise ValueError(f"--data needs the configs folder ({CONFIGS}), which is missing")
