@@ -62,7 +62,7 @@ ALLOWED = {
 
 
 def _modules() -> dict[str, Path]:
-    """{module name: file}; flashtrain/kernels is a link to the top-level kernels/ folder."""
+    """{module name: file}; the top-level kernels/ folder is flashtrain.kernels (setup.py maps it)."""
     files = {}
     for root, package in (
         (REPO / "flashtrain", "flashtrain"),
