@@ -158,7 +158,7 @@ class Attention(nn.Module):
             )
 
     def describe(self) -> str:
-        """How refusals name this backend."""
+        """How refusals name this impl."""
         return f"attention={self.impl}"
 
     def sequence_mean(self, x: torch.Tensor) -> torch.Tensor:
