@@ -18,6 +18,7 @@ from flashtrain.kernels.common import (
     locate_program,
     rows_source,
     store_rows,
+    tile_pointers,
 )
 from flashtrain.kernels.dropout import dropout_keep, head_seed
 from flashtrain.kernels.scores import pending_scale, program_scores, tile_scores
@@ -74,7 +75,7 @@ def _dkdv_segment(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, off
             if MASKED:  # nor a NaN of K a query row cannot see, as 0 * NaN in its dQ
                 k_dq = tl.where(tl.abs(k.to(tl.float32)) < float("inf"), k, 0.0).to(k.dtype)
             dq_part = tl.dot(tl.trans(ds_t.to(k.dtype)), k_dq, input_precision=PRECISION)  # (BLOCK_M, BLOCK_D)
-            dq_ptrs = dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :]
+            dq_ptrs = tile_pointers(dq_base, start_m, stride_dqm, BLOCK_M, offs_d)
             if MASKED:  # the rows and head dims of this query tile that exist
                 dq_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
                 tl.atomic_add(dq_ptrs, dq_part, mask=dq_mask, sem="relaxed")

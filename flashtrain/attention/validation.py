@@ -10,6 +10,12 @@ import torch
 
 MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The kernels' int32 limits (offsets that can pass 2^31 are int64: batch, head, a tile's first
+# row, the dropout counter). Within a tile of up to 256 rows the offsets stay int32, so the seq
+# axis' stride must keep 256 rows under 2^31 elements (any contiguous tensor does: H * D < 2^23);
+# positions along a sequence plus the "unbounded" window sentinel (2^30) must stay under 2^31.
+MAX_ROW_STRIDE = 2**23 - 1
+MAX_SEQLEN = 2**30 - 1
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool = False) -> None:
@@ -48,6 +54,25 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool
         raise ValueError(
             f"heads_q={heads_q} must be a multiple of heads_kv={heads_kv} (MHA, GQA or MQA)"
         )
+    check_int32_limits(q, k, v, packed=packed)
+
+
+def check_int32_limits(q, k, v, *, packed: bool) -> None:
+    """Sizes and strides the kernels' int32 arithmetic covers (MAX_SEQLEN, MAX_ROW_STRIDE);
+    reads shapes and strides only, so meta tensors are checked too."""
+    seq_dim = 0 if packed else 1
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[seq_dim] > MAX_SEQLEN and not packed:
+            raise ValueError(
+                f"{name} has seqlen {t.shape[seq_dim]}; the kernels allow up to {MAX_SEQLEN} "
+                "(2^30 - 1) tokens per sequence"
+            )
+        if t.stride(seq_dim) > MAX_ROW_STRIDE and t.shape[seq_dim] > 1:
+            raise ValueError(
+                f"{name} has a stride of {t.stride(seq_dim)} elements between tokens; the kernels "
+                f"allow up to {MAX_ROW_STRIDE} (2^23 - 1: 256 rows of a tile within int32 "
+                "offsets). Pass .contiguous() (any contiguous layout qualifies)"
+            )
 
 
 def check_scale(softmax_scale: float | None) -> None:
@@ -132,6 +157,11 @@ def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k):
     ):
         if cu.numel() < 2:
             raise ValueError(f"{name} needs at least 2 entries (batch + 1), got {cu.numel()}")
+        name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
+        if int(max_len) > MAX_SEQLEN:
+            raise ValueError(
+                f"{name_max}={max_len} is over the kernels' {MAX_SEQLEN} (2^30 - 1) per sequence"
+            )
         if not values_checked(cu.device):
             continue
         values = cu.cpu()
@@ -144,7 +174,6 @@ def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k):
             raise ValueError(f"{name}[-1]={int(values[-1])} must equal the packed length {total}")
         longest = int(lengths.max()) if lengths.numel() else 0
         if int(max_len) < longest:
-            name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
             raise ValueError(
                 f"{name_max}={max_len} is smaller than the longest sequence ({longest})"
             )

@@ -61,6 +61,8 @@ def document_pieces(doc_starts: np.ndarray, max_tokens: int) -> tuple[np.ndarray
 
 
 class MaskedLM(SampledDataModule):
+    Config = MLMConfig  # its schema (configs/data/*.yaml with loader: mlm)
+
     task = "mlm"
     num_classes = None
     pads_sequences = True  # short instances are padded to seq_len

@@ -47,6 +47,8 @@ def recall_optimal_loss(seq_len: int, num_keys: int, num_values: int) -> float:
 
 
 class AssociativeRecall(DataModule):
+    Config = SyntheticConfig  # its schema (configs/data/*.yaml with loader: synthetic)
+
     task = "lm"
     num_classes = None
 
@@ -112,6 +114,12 @@ class AssociativeRecall(DataModule):
         """Where the eval loss lies between the no-context floor and the optimum, in words.
         The model counts as using its context once it closes a tenth of that gap."""
         floor, best = math.log(self.num_values), self.optimal_loss()
+        if floor - best < 1e-12:  # seq_len <= 2: one pair, no earlier key to recall from
+            return (
+                f"eval/loss {eval_loss:.3f}: at seq_len {self.seq_len} no value has an earlier "
+                f"pair to recall, so the best possible is the no-context floor {floor:.3f}; "
+                f"use seq_len >= 3 to measure recall"
+            )
         closed = (floor - eval_loss) / (floor - best)
         where = (
             f"eval/loss {eval_loss:.3f}: the no-context floor is {floor:.3f}, the best possible "

@@ -28,6 +28,21 @@ import torch
 from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
 
 NAME = "flashtrain"
+# what _install_kernels sets in transformers.modeling_flash_attention_utils
+_TRANSFORMERS_INTERNALS = (
+    "_loaded_implementation",
+    "_flash_fn",
+    "_flash_varlen_fn",
+    "_flash_with_kvcache_fn",
+    "_pad_fn",
+    "_unpad_fn",
+    "_pad_input",
+    "_unpad_input",
+    "_process_flash_kwargs_fn",
+    "_process_with_kvcache_kwargs_fn",
+    "_lazy_define_process_function",
+    "_flash_attention_forward",
+)
 log = logging.getLogger("flashtrain.hf")
 _warned_fallback = False
 
@@ -38,6 +53,15 @@ def _install_kernels() -> None:
     it, so this runs before every call; it is a pointer comparison when nothing changed)."""
     import transformers.modeling_flash_attention_utils as fa
 
+    missing = [name for name in _TRANSFORMERS_INTERNALS if not hasattr(fa, name)]
+    if missing:
+        import transformers
+
+        raise ImportError(
+            f'attn_implementation="flashtrain" plugs into transformers\' FlashAttention path, '
+            f"whose internals differ in transformers {transformers.__version__} (no "
+            f"{', '.join(missing)}); it is tested with transformers 5.x"
+        )
     if fa._loaded_implementation == NAME and fa._flash_varlen_fn is flash_attn_varlen_func:
         return
     fa._flash_fn, fa._flash_varlen_fn, fa._flash_with_kvcache_fn = (

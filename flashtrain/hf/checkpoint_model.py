@@ -19,7 +19,13 @@ import torch
 from omegaconf import OmegaConf
 
 from flashtrain.models import TransformerModel, build_model, model_config
-from flashtrain.train.checkpoint import CONFIG, MODEL_OPTIM, CheckpointError, resolve_resume
+from flashtrain.train.checkpoint import (
+    CONFIG,
+    MODEL_OPTIM,
+    CheckpointError,
+    read_meta,
+    resolve_resume,
+)
 
 
 @dataclass
@@ -38,8 +44,6 @@ def load_checkpoint_model(
     step_dir = resolve_resume(str(path), path)
     if step_dir is None:
         raise CheckpointError(f"no checkpoint at {path}")
-    from flashtrain.train.checkpoint import read_meta
-
     meta = read_meta(step_dir)
     if not meta.get("model_config"):
         raise CheckpointError(f"checkpoint {step_dir} records no model_config in its meta.json")

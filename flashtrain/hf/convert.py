@@ -65,7 +65,7 @@ def from_hf(model_or_path: Any, attention: Any = "flash", **overrides) -> Transf
     hf_cfg, hf_state, source = _source(model_or_path)
     mapping = mapping_for_hf(hf_cfg, source)
     cfg = model_config({**mapping.config_from_hf(hf_cfg), **overrides})
-    dtype = next(iter(hf_state.values())).dtype
+    dtype = next(t.dtype for t in hf_state.values() if t.is_floating_point())  # not a buffer's
     with torch.device("meta"):
         model = build_model(cfg, attention)
     model.to_empty(device="cpu")

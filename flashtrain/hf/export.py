@@ -25,7 +25,7 @@ from flashtrain.hf.registry import mapping_for
 from flashtrain.hf.tokenizer_files import TokenizerInfo, write_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DECODERS = ("gpt2",)
+DECODERS = ("gpt2", "llama")
 
 
 def export_checkpoint(
@@ -56,7 +56,13 @@ def export_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         if tokenizer:
-            tok = write_tokenizer(info.run_config, tmp, model.config.max_seq_len)
+            try:
+                tok = write_tokenizer(info.run_config, tmp, model.config.max_seq_len)
+            except FileNotFoundError as e:
+                raise FileNotFoundError(
+                    f"{e}\n(the run's tokenizer files are needed to export them; pass "
+                    "--no-tokenizer / tokenizer=False to export the model without them)"
+                ) from e
         else:
             tok = TokenizerInfo(None, readme="Tokenizer files were not exported (--no-tokenizer).")
         hf_model = to_hf(model, extra_config=tok.token_ids)

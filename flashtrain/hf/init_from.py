@@ -30,11 +30,11 @@ def hf_init_state(ref: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     mapping = mapping_for(cfg)
     folder = resolve_source(ref)
     hf_cfg = read_config(folder)
-    if hf_cfg.get("model_type") != mapping.model_type:
+    if hf_cfg.get("model_type") not in mapping.model_types:
         raise ValueError(
             f"model.arch={cfg.arch} but the Hugging Face checkpoint {source} has "
             f"model_type={hf_cfg.get('model_type')!r} (model.arch={cfg.arch} loads "
-            f"model_type={mapping.model_type!r})"
+            f"model_type {' or '.join(repr(t) for t in mapping.model_types)})"
         )
     mapping.check_architecture(hf_cfg, cfg, source)
     state = mapping.state_from_hf(read_weights(folder), cfg, source)

@@ -69,7 +69,12 @@ class ArchMapping:
     """One architecture's bridge. Subclasses set arch / model_type and implement the methods."""
 
     arch: str = ""  # flashtrain model.arch
-    model_type: str = ""  # transformers config.json model_type
+    model_type: str = ""  # transformers config.json model_type (of an export)
+
+    @property
+    def model_types(self) -> tuple[str, ...]:
+        """The config.json model_types this mapping imports."""
+        return (self.model_type,)
 
     # ---- configs
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from flashtrain.hf.bert import BertMapping
 from flashtrain.hf.gpt2 import GPT2Mapping
+from flashtrain.hf.llama import LlamaMapping
 from flashtrain.hf.mapping import ArchMapping
 from flashtrain.models.config import TransformerConfig
 
-MAPPINGS: dict[str, ArchMapping] = {m.arch: m for m in (GPT2Mapping(), BertMapping())}
+MAPPINGS: dict[str, ArchMapping] = {
+    m.arch: m for m in (GPT2Mapping(), BertMapping(), LlamaMapping())
+}
 
 # flashtrain architectures with no transformers equivalent, and why
 NO_EQUIVALENT = {
@@ -31,9 +34,9 @@ def mapping_for_hf(hf_config: dict, source: str = "") -> ArchMapping:
     """The mapping of a transformers config.json dict (by its model_type)."""
     model_type = hf_config.get("model_type")
     for mapping in MAPPINGS.values():
-        if mapping.model_type == model_type:
+        if model_type in mapping.model_types:
             return mapping
-    known = ", ".join(m.model_type for m in MAPPINGS.values())
+    known = ", ".join(t for m in MAPPINGS.values() for t in m.model_types)
     where = f" {source}" if source else ""
     raise ValueError(
         f"the Hugging Face model{where} has model_type={model_type!r}, which flashtrain does not "

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from flashtrain.data.config import CorpusConfig, SyntheticConfig, cache_root, data_config
+from flashtrain.data.config import CorpusConfig, SyntheticConfig, cache_root
+from flashtrain.data.registry import data_config
 from flashtrain.data.tokenization import build_tokenizer
 from flashtrain.models import build_model
 from flashtrain.train import checkpoint as ckpt

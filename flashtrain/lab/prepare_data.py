@@ -39,7 +39,9 @@ def load_data_config(name: str, overrides: list[str]):
         sys.exit(f"no data config '{name}' in {CONFIGS / 'data'}; known: {', '.join(known)}")
     from hydra import compose, initialize_config_dir
 
-    import flashtrain.train  # noqa: F401  (registers the config schemas)
+    from flashtrain.train import register_schemas
+
+    register_schemas()
 
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=[f"data={name}", *(f"data.{o}" for o in overrides)]).data
@@ -54,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from flashtrain.data import prepare_data
-    from flashtrain.data.config import data_config
+    from flashtrain.data.registry import data_config
     from flashtrain.train.entry import config_errors_explained
     from flashtrain.typed_config import ConfigError
 

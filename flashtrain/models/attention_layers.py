@@ -1,4 +1,5 @@
-"""Which attention a model runs: one class per backend, picked by configs/attention/<impl>.yaml.
+"""Which attention a model runs: one nn.Module class per impl, picked by configs/attention/<impl>.yaml
+(each class carries its config dataclass as `Config`; ATTENTION lists the classes).
 
     impl: flash        FlashAttention: ours, dense (flashtrain.attention.flash_attn_func); a padded
                        batch is packed once (unpad_input) and runs through flash_attn_varlen_func
@@ -42,14 +43,14 @@ from flashtrain.attention import (
 from flashtrain.attention.reference import allowed_mask, attention_reference, fold_window
 from flashtrain.attention.ring_sharding import check_layout, group_rank_and_size
 from flashtrain.attention.validation import MAX_HEAD_DIM
-from flashtrain.typed_config import check_choice, typed_group
+from flashtrain.typed_config import Registry, check_choice
 
 # ---- configs (the schemas of configs/attention/*.yaml) -----------------------------------------
 
 
 @dataclass
 class AttentionConfig:
-    impl: str = "flash"  # which backend: the key of ATTENTION_IMPLS
+    impl: str = "flash"  # which impl: the key of ATTENTION_IMPLS
 
 
 @dataclass
@@ -107,14 +108,14 @@ class AttentionContext:
         return self.cu_seqlens is not None
 
 
-# ---- backends --------------------------------------------------------------------------------
+# ---- impls -----------------------------------------------------------------------------------
 
 
 class Attention(nn.Module):
-    """Scaled dot-product self-attention by one backend. No parameters.
+    """Scaled dot-product self-attention by one impl. No parameters.
 
     forward(q, k, v, ctx, dropout_p) with q, k, v (B, T, H, D), or (N, H, D) packed when the
-    backend packs padded batches (FlashAttention). Returns like q.
+    impl packs padded batches (FlashAttention). Returns like q.
     """
 
     Config: ClassVar[type[AttentionConfig]]
@@ -135,7 +136,7 @@ class Attention(nn.Module):
         return f"impl={self.impl}"
 
     def check_model(self, config) -> None:
-        """What this backend needs of the model config (a TransformerConfig): our kernels take
+        """What this impl needs of the model config (a TransformerConfig): our kernels take
         head_dim multiples of 8 up to MAX_HEAD_DIM."""
         head_dim = config.head_dim
         if self.runs_our_kernels and (head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM):
@@ -218,7 +219,7 @@ class RingAttention(Attention):
     sequence. Built by the trainer from the user's flash config, never picked by impl.
 
     Refused, naming the reason: padded batches (the ring has no key-padding mask), attention
-    dropout (the ring has none), other backends (block-sparse layouts and the sdpa / reference
+    dropout (the ring has none), other impls (block-sparse layouts and the sdpa / reference
     baselines see the whole sequence at once).
     """
 
@@ -393,24 +394,25 @@ class ReferenceAttention(Attention):
         return out
 
 
-ATTENTION_IMPLS: dict[str, type[Attention]] = {
-    cls.Config.impl: cls
-    for cls in (FlashAttention, BlockSparseAttention, SDPAAttention, ReferenceAttention)
-}
-ATTENTION_CONFIGS = {impl: cls.Config for impl, cls in ATTENTION_IMPLS.items()}
+# The impls `attention.impl` picks (RingAttention is the trainer's, built from a flash config).
+ATTENTION = Registry(
+    "impl", "attention", [FlashAttention, BlockSparseAttention, SDPAAttention, ReferenceAttention]
+)
+ATTENTION_IMPLS: dict[str, type[Attention]] = ATTENTION.classes
+ATTENTION_CONFIGS: dict[str, type[AttentionConfig]] = ATTENTION.configs
 
 
 def attention_config(cfg: Any) -> AttentionConfig:
-    """The config of the backend `cfg.impl` names, from an instance, a mapping or an impl name."""
+    """The config of the impl `cfg.impl` names, from an instance, a mapping or an impl name."""
     if isinstance(cfg, str):
         cfg = {"impl": cfg}
-    return typed_group(cfg, ATTENTION_CONFIGS, key="impl", what="attention")
+    return ATTENTION.config(cfg)
 
 
 def build_attention(cfg: Any) -> Attention:
-    """The backend for a config (an AttentionConfig, a mapping with `impl`, an impl name);
+    """The impl for a config (an AttentionConfig, a mapping with `impl`, an impl name);
     an Attention object (e.g. a RingAttention the trainer built) is taken as it is."""
     if isinstance(cfg, Attention):
         return cfg
     cfg = attention_config(cfg)
-    return ATTENTION_IMPLS[cfg.impl](cfg)
+    return ATTENTION.build_class(cfg)(cfg)

@@ -32,6 +32,8 @@ from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_
 class GPT2(TransformerModel):
     """Causal language model. forward(input_ids, labels) -> ModelOutput."""
 
+    Config = GPT2Config  # its schema (configs/model/*.yaml with arch: gpt2)
+
     causal = True
 
     def __init__(self, config: GPT2Config, attention="flash"):

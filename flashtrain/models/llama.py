@@ -205,6 +205,7 @@ class Llama(TransformerModel):
     """Causal language model. forward(input_ids, labels) -> ModelOutput."""
 
     causal = True
+    Config = LlamaConfig  # its schema (configs/model/llama-*.yaml with arch: llama)
 
     def __init__(self, config: LlamaConfig, attention="flash"):
         super().__init__(config, attention)

@@ -1,6 +1,6 @@
 """The transformer block every model here is built from, and what the models share.
 
-Block: LayerNorm, multi-head self-attention (the configured attention backend), LayerNorm, MLP, residuals;
+Block: LayerNorm, multi-head self-attention (the configured attention impl), LayerNorm, MLP, residuals;
 pre-LayerNorm (GPT-2, the classifier) or post-LayerNorm (BERT). A block takes hidden states either
 padded (B, T, C) or packed (N, C) (the real tokens of a padded batch, for the varlen kernel): every
 layer but attention is per token, and attention reads the layout from the AttentionContext.
@@ -107,7 +107,7 @@ class TransformerModel(nn.Module):
     def __init__(self, config: TransformerConfig, attention):
         super().__init__()
         self.config = config
-        self.attn_op = build_attention(attention)  # one backend object shared by every block
+        self.attn_op = build_attention(attention)  # one impl object shared by every block
         self.attn_op.check_model(config)
 
     def add_blocks(self, norm: str) -> None:
@@ -165,7 +165,7 @@ class TransformerModel(nn.Module):
     def pack_padded(self, x: torch.Tensor, attention_mask: torch.Tensor | None, **ctx_kwargs):
         """Hidden states x (B, T, C) of a possibly padded batch as the blocks take them:
         (x_in, ctx, restore), restore(y) giving (B, T, C) with zeros at padding, so every
-        attention backend returns the same hidden states (Attention.padded_context)."""
+        attention impl returns the same hidden states (Attention.padded_context)."""
         if attention_mask is None or bool(attention_mask.all()):
             return x, AttentionContext(**ctx_kwargs), lambda y: y
         mask = attention_mask.to(torch.bool)  # (B, T), True = real token

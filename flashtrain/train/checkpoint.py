@@ -24,6 +24,8 @@ keys, wrapper prefixes removed), so either format loads into single, DDP or FSDP
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -50,6 +52,7 @@ from flashtrain.train.checkpoint_manifest import (
     CheckpointError,
     HashingStorageWriter,
     Manifest,
+    NoSpaceError,
     complete_manifest,
     is_verified,
     unlisted_files,
@@ -57,6 +60,7 @@ from flashtrain.train.checkpoint_manifest import (
     write_hashed,
 )
 from flashtrain.train.distributed import broadcast_object, gather_objects
+from flashtrain.train.run_lock import RunLock, holds_lock
 
 log = logging.getLogger("flashtrain.checkpoint")
 
@@ -65,6 +69,14 @@ TRAINER_STATE = "trainer.pt"
 MODEL_OPTIM = "model_optim.pt"
 CONFIG = "config.yaml"
 FORMAT_VERSION = 2  # 2: meta.json lists every file's size and checksum; 1: no checksums
+
+
+class UnverifiedCheckpointError(CheckpointError):
+    """A checkpoint without checksums, and no trainer.allow_unverified_checkpoint."""
+
+
+class FutureCheckpointError(CheckpointError):
+    """A checkpoint in a format version newer than this code reads."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +102,11 @@ def find_checkpoints(root: str | os.PathLike) -> list[CheckpointInfo]:
     return sorted(found, key=lambda c: c.step)
 
 
-def resolve_resume(resume: str | None, root: str | os.PathLike) -> Path | None:
+def resolve_resume(
+    resume: str | None, root: str | os.PathLike, *, allow_unverified: bool = False
+) -> Path | None:
     """The checkpoint directory `trainer.resume` points at, its files checked against their
-    checksums.
+    checksums (one without checksums only with allow_unverified).
 
     None -> None; "auto" -> the newest intact checkpoint under `root` (a damaged newer one is
     passed over with a warning naming it), or None when there is none; a path -> that
@@ -102,15 +116,15 @@ def resolve_resume(resume: str | None, root: str | os.PathLike) -> Path | None:
     if resume is None or str(resume).lower() in ("", "none", "null", "false"):
         return None
     if str(resume) == "auto":
-        return _newest_intact(root)
+        return _newest_intact(root, allow_unverified)
     path = Path(resume).expanduser()
     if (path / META).is_file():
-        verify_checkpoint(path)
+        verify_checkpoint(path, allow_unverified=allow_unverified)
         return path
     if path.is_dir():
         found = find_checkpoints(path)
         if found:
-            verify_checkpoint(found[-1].path)
+            verify_checkpoint(found[-1].path, allow_unverified=allow_unverified)
             return found[-1].path
         if any(path.glob("*.pt")) or (path / ".metadata").exists():
             raise CheckpointError(
@@ -121,12 +135,14 @@ def resolve_resume(resume: str | None, root: str | os.PathLike) -> Path | None:
     raise CheckpointError(f"trainer.resume={resume}: no such checkpoint directory")
 
 
-def _newest_intact(root: str | os.PathLike) -> Path | None:
+def _newest_intact(root: str | os.PathLike, allow_unverified: bool) -> Path | None:
     found = find_checkpoints(root)
     for info in reversed(found):
         try:
-            verify_checkpoint(info.path)
+            verify_checkpoint(info.path, allow_unverified=allow_unverified)
             return info.path
+        except (UnverifiedCheckpointError, FutureCheckpointError):
+            raise  # intact as far as can be told: going back past it would lose its steps
         except CheckpointError as e:
             log.warning("trainer.resume=auto: passing over checkpoint %s: %s", info.path, e)
     if found:
@@ -148,6 +164,21 @@ def read_meta(path: str | os.PathLike) -> dict:
         raise CheckpointError(f"checkpoint {path} is corrupt: cannot read {META} ({e})") from e
     if not isinstance(meta, dict) or "step" not in meta or "format" not in meta:
         raise CheckpointError(f"checkpoint {path} is corrupt: {META} lacks step/format")
+    version = meta.get("version", 1)
+    if not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"checkpoint {path} is corrupt: its format version is {version!r}")
+    if version > FORMAT_VERSION:
+        raise FutureCheckpointError(
+            f"checkpoint {path} has format version {version}, newer than this flashtrain reads "
+            f"(up to {FORMAT_VERSION}): it was written by a newer flashtrain; update flashtrain "
+            f"to resume from it"
+        )
+    name = CKPT_RE.match(path.name)
+    if name and (not isinstance(meta["step"], int) or int(name.group(1)) != meta["step"]):
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: its {META} says step {meta['step']!r}, its name "
+            f"step {int(name.group(1))}"
+        )
     files = meta.get("files")
     if files is not None and not _is_manifest(files):
         raise CheckpointError(f"checkpoint {path} is corrupt: the file list in its {META} is bad")
@@ -165,25 +196,32 @@ def _is_manifest(files) -> bool:
     )
 
 
-def verify_checkpoint(path: str | os.PathLike) -> dict:
+def verify_checkpoint(path: str | os.PathLike, *, allow_unverified: bool = False) -> dict:
     """Check every file of checkpoint `path` against the sizes and checksums in its meta.json
     (one process; load_checkpoint does the same spread over the ranks). Returns the meta;
-    raises CheckpointError naming the first damaged or missing file. A checkpoint written
-    before checksums (format version 1) passes unchecked."""
+    raises CheckpointError naming the first damaged or missing file. A checkpoint without
+    checksums (format version 1, or its file list removed) passes unchecked only with
+    allow_unverified; otherwise UnverifiedCheckpointError."""
     path = Path(path)
     meta = read_meta(path)
     if meta.get("files") is not None:
         verify_files(path, meta["files"])
+    else:
+        _allow_unverified(path, meta, allow_unverified)
     return meta
+
+
+def _allow_unverified(path: Path, meta: dict, allowed: bool) -> None:
+    if not allowed:
+        raise UnverifiedCheckpointError(
+            f"checkpoint {path} has no checksums (its {META} lists no files; format version "
+            f"{meta.get('version', 1)}), so its files cannot be checked before loading. If you "
+            f"trust it, pass trainer.allow_unverified_checkpoint=true"
+        )
 
 
 def _is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -214,69 +252,152 @@ def save_checkpoint(
     model and optimizer. sharded=True writes through torch.distributed.checkpoint (FSDP2).
     Every file is hashed while it is written (each rank hashes its own shards); meta.json,
     written last, lists them all. Returns the final checkpoint directory.
+
+    Rank 0 holds the folder's lock meanwhile (a trainer holds it for its whole run; a caller
+    without it takes it here), so nothing it clears away is another live run's. A failure on
+    any rank fails the save on every rank and removes the partial checkpoint; a full disk
+    raises NoSpaceError.
     """
     root = Path(root)
     name = checkpoint_name(step)
     final = root / name
     tmp = root / f".{name}.tmp"
-    if _is_main():
-        root.mkdir(parents=True, exist_ok=True)
-        _remove_leftovers(root)
-        tmp.mkdir()
-    _barrier()
+    with contextlib.ExitStack() as hold:
+        _on_every_rank(lambda: _start_save(root, tmp, hold) if _is_main() else None, tmp)
+        try:  # from here on, tmp is this save's own
+            written: Manifest = {}
 
-    written: Manifest = {}
-    if sharded:
-        import torch.distributed.checkpoint as dcp
+            def write_state() -> None:
+                state = None
+                if sharded or _is_main():
+                    state = {
+                        "model": get_model_state_dict(model),
+                        "optim": get_optimizer_state_dict(model, optimizer),
+                    }
+                if sharded:
+                    import torch.distributed.checkpoint as dcp
 
-        state = {
-            "model": get_model_state_dict(model),
-            "optim": get_optimizer_state_dict(model, optimizer),
-        }
-        writer = HashingStorageWriter(tmp)
-        dcp.save(state, storage_writer=writer)
-        written = writer.entries
-    elif _is_main():
-        state = {
-            "model": get_model_state_dict(model),
-            "optim": get_optimizer_state_dict(model, optimizer),
-        }
-        written[MODEL_OPTIM] = write_hashed(tmp / MODEL_OPTIM, lambda f: torch.save(state, f))
-    every_rank = gather_objects(written)  # also waits until every rank has written its part
+                    writer = HashingStorageWriter(tmp)
+                    dcp.save(state, storage_writer=writer)
+                    written.update(writer.entries)
+                elif _is_main():
+                    written[MODEL_OPTIM] = write_hashed(
+                        tmp / MODEL_OPTIM, lambda f: torch.save(state, f)
+                    )
 
-    if _is_main():
-        written = {file: entry for part in every_rank for file, entry in part.items()}
-        written[TRAINER_STATE] = write_hashed(
-            tmp / TRAINER_STATE, lambda f: torch.save(trainer_state or {}, f)
-        )
-        if config_yaml:
-            written[CONFIG] = write_hashed(tmp / CONFIG, lambda f: f.write(config_yaml.encode()))
-        full_meta = dict(meta)
-        full_meta.update(
-            step=int(step),
-            format="dcp" if sharded else "torch",
-            version=FORMAT_VERSION,
-            files=complete_manifest(tmp, written),
-        )
-        with open(tmp / META, "w") as f:
-            json.dump(full_meta, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_directory(tmp)
-        if final.exists():  # the same step saved again: swap the new one in
-            old = root / f".{name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        fsync_directory(root)
-        _atomic_write_text(root / "latest", name + "\n")
-        if keep_last > 0:
-            prune_checkpoints(root, keep_last)
-    _barrier()
+            every_rank = _on_every_rank(write_state, tmp, result=lambda: written)
+
+            def finish() -> None:
+                if not _is_main():
+                    return
+                files = {file: entry for part in every_rank for file, entry in part.items()}
+                _finish_save(root, tmp, final, files, trainer_state, meta, config_yaml, sharded)
+                if keep_last > 0:
+                    prune_checkpoints(root, keep_last)
+
+            _on_every_rank(finish, tmp)
+        except BaseException:
+            if _is_main():  # every rank has stopped writing into it
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return final
+
+
+def _start_save(root: Path, tmp: Path, hold: contextlib.ExitStack) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    if not holds_lock(root):  # called outside a run (a tool, a test): hold it for this save
+        hold.enter_context(RunLock(root, f"save_checkpoint in pid {os.getpid()}"))
+    _remove_leftovers(root)
+    tmp.mkdir()
+
+
+def _finish_save(root, tmp, final, files, trainer_state, meta, config_yaml, sharded) -> None:
+    """Rank 0, all shards written: the trainer state, config and meta.json, then the rename."""
+    files[TRAINER_STATE] = write_hashed(
+        tmp / TRAINER_STATE, lambda f: torch.save(trainer_state or {}, f)
+    )
+    if config_yaml:
+        files[CONFIG] = write_hashed(tmp / CONFIG, lambda f: f.write(config_yaml.encode()))
+    full_meta = dict(meta)
+    full_meta.update(
+        step=int(checkpoint_step(final)),
+        format="dcp" if sharded else "torch",
+        version=FORMAT_VERSION,
+        files=complete_manifest(tmp, files),
+    )
+    with open(tmp / META, "w") as f:
+        json.dump(full_meta, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_directory(tmp)
+    if final.exists():  # the same step saved again (a resume from an older step): swap it in
+        try:
+            old_meta = read_meta(final)
+            was = f"written {old_meta.get('time', '?')} by run '{old_meta.get('run_name', '?')}'"
+        except CheckpointError:
+            was = "incomplete"
+        log.warning("replacing checkpoint %s (%s) with this run's step", final, was)
+        old = root / f".{final.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    fsync_directory(root)
+    _atomic_write_text(root / "latest", final.name + "\n")
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(CKPT_RE.match(path.name).group(1))
+
+
+def _on_every_rank(work, tmp: Path, result=lambda: None) -> list:
+    """Run `work` on every rank, then tell every rank whether any failed (a collective, so no
+    rank waits forever for one that failed): each rank's result(), or the failure raised on
+    every rank (a full disk as NoSpaceError)."""
+    failure = None
+    try:
+        work()
+    except Exception as e:  # noqa: BLE001 - passed on to the other ranks, then raised
+        failure = e
+    outcome = ("failed", _describe_failure(failure, tmp)) if failure else ("ok", result())
+    outcomes = gather_objects(outcome)
+    if failure is not None:
+        if _is_no_space(failure):
+            raise NoSpaceError(_describe_failure(failure, tmp)[1]) from failure
+        raise failure
+    for rank, (status, value) in enumerate(outcomes):
+        if status == "failed":
+            kind, message = value
+            if kind == "no_space":
+                raise NoSpaceError(message)
+            raise RuntimeError(f"saving a checkpoint failed on rank {rank}: {message}")
+    return [value for _, value in outcomes]
+
+
+def _is_no_space(error: BaseException) -> bool:
+    """ENOSPC anywhere in the chain (torch.save reports it as a RuntimeError caused by it)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(error):  # DCP collects its writers' errors as text
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _describe_failure(error: BaseException | None, tmp: Path) -> tuple[str, str]:
+    if error is not None and _is_no_space(error):
+        final = tmp.parent / tmp.name[1 : -len(".tmp")]
+        return "no_space", (
+            f"no space left on the device writing checkpoint {final}: the partial "
+            f"checkpoint was removed, the earlier ones are intact; free space on {tmp.parent} "
+            f"(or lower trainer.keep_last), then continue with trainer.resume=auto"
+        )
+    return "other", f"{type(error).__name__}: {error}"
 
 
 def _remove_leftovers(root: Path) -> None:
@@ -315,14 +436,20 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     sharded: bool = False,
+    allow_unverified: bool = False,
+    model_config: dict | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load model and optimizer state from checkpoint `path` in place; return (trainer_state,
     meta). Every rank calls it. Raises CheckpointError, before touching the model, when a file
-    does not match its checksum (the ranks share the hashing) or is unreadable, or when the
-    checkpoint was written for a model of another shape."""
+    does not match its checksum (the ranks share the hashing) or is unreadable, when it has no
+    checksums and not allow_unverified, or when the checkpoint was written for another model:
+    one whose saved config differs from `model_config` (when given) in a field that changes
+    what the model computes, or of another shape."""
     path = Path(path)
     meta = read_meta(path)
-    _verify_on_every_rank(path, meta)
+    _verify_on_every_rank(path, meta, allow_unverified)
+    if model_config is not None:
+        check_model_config(path, meta.get("model_config"), model_config)
     fmt = meta["format"]
     current = {k: tuple(shape) for k, shape in _full_shapes(model).items()}
     if fmt == "torch":
@@ -363,16 +490,56 @@ def load_checkpoint(
     else:
         raise CheckpointError(f"checkpoint {path} has unknown format {fmt!r}")
     trainer_state = _torch_load(path / TRAINER_STATE, weights_only=False)
+    if isinstance(trainer_state, dict) and trainer_state.get("step", meta["step"]) != meta["step"]:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: its {META} says step {meta['step']}, its "
+            f"{TRAINER_STATE} step {trainer_state['step']}"
+        )
     return trainer_state, meta
 
 
-def _verify_on_every_rank(path: Path, meta: dict) -> None:
+# Model settings that change how the model is computed, not what it computes: a resume may change
+# them (memory for speed, a kernel for another). Every other field must match the checkpoint's.
+ROUTE_ONLY_FIELDS = frozenset(
+    {
+        "recompute",
+        "recompute_every",
+        "loss_impl",
+        "loss_chunk_size",
+        "init_from",
+        "init_positions",
+        "max_seq_len",  # only bounds the context: a changed table shape is refused by shape
+    }
+)
+
+
+def check_model_config(path: Path, saved: dict | None, current: dict) -> None:
+    """Refuse a checkpoint whose saved model config differs from this run's in a field that
+    changes the function (n_head over the same tensor shapes reinterprets every weight)."""
+    if not saved:
+        return  # written before the config was saved: the shapes are still checked
+    differ = [
+        key
+        for key in sorted(set(saved) & set(current))
+        if key not in ROUTE_ONLY_FIELDS and saved[key] != current[key]
+    ]
+    if differ:
+        changes = ", ".join(f"model.{k}={current[k]!r} (checkpoint: {saved[k]!r})" for k in differ)
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model: {changes}; its weights mean something "
+            f"else under these settings. Resume with "
+            f"{' '.join(f'model.{k}={saved[k]}' for k in differ)}, or start a new run"
+        )
+
+
+def _verify_on_every_rank(path: Path, meta: dict, allow_unverified: bool) -> None:
     """verify_checkpoint spread over the ranks (rank r hashes files r, r + world, ...); skipped
     when this process (rank 0) checked the same files already, e.g. in resolve_resume."""
     manifest = meta.get("files")
     if manifest is None:
+        _allow_unverified(path, meta, allow_unverified)
         if _is_main():
-            log.info(
+            log.warning(
                 "checkpoint %s has no checksums (format version %s): loading it unverified",
                 path,
                 meta.get("version", 1),

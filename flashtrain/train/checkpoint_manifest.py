@@ -34,6 +34,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message names it and what to do instead."""
 
 
+class NoSpaceError(RuntimeError):
+    """The disk filled while a checkpoint was written (the partial one is removed)."""
+
+
 def write_hashed(path: Path, write: Callable) -> dict:
     """Create `path`, let write(f) fill it, fsync it; return its manifest entry."""
     with open(path, "wb") as raw:

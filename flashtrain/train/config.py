@@ -17,9 +17,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from flashtrain.attention.ring_sharding import LAYOUTS
-from flashtrain.data.config import DataConfig, data_config
+from flashtrain.data.config import DataConfig
+from flashtrain.data.registry import data_config
+from flashtrain.models import TransformerConfig, model_config
 from flashtrain.models.attention_layers import AttentionConfig, attention_config
-from flashtrain.models.config import TransformerConfig, model_config
 from flashtrain.typed_config import ConfigError, check_choice, to_dataclass
 
 STRATEGIES = ("auto", "single", "ddp", "fsdp")  # auto: ddp under torchrun, else single
@@ -71,7 +72,9 @@ class TrainerConfig:
     keep_last: int = 3  # checkpoints kept on disk (0 = keep all)
     ckpt_dir: str | None = None  # null = <run dir>/checkpoints
     resume: str | None = None  # null | auto (newest in ckpt_dir, if any) | <checkpoint or folder>
-    allow_schedule_change: bool = False  # resume although the lr schedule changed (README)
+    allow_schedule_change: bool = False  # resume across an lr schedule change (docs/training.md)
+    allow_unverified_checkpoint: bool = False  # resume from a checkpoint without checksums
+    wait_for_lock: bool = False  # ckpt_dir in use by another run: wait for it (false: refuse)
     on_nonfinite: str = "stop"  # NaN/inf loss: stop (naming the step) | skip (drop the update)
     max_skipped_steps: int = 10  # with skip: stop after this many in a row
     progress: str = "auto"  # auto (a bar on a terminal, lines otherwise) | bar | lines | none
@@ -193,6 +196,40 @@ class TrainConfig:
             raise ValueError(
                 f"seq_len={self.seq_len} is longer than the model takes (model.max_seq_len="
                 f"{self.model.max_seq_len}); lower seq_len or raise model.max_seq_len"
+            )
+        check_data_fits(self)
+
+
+def masks_documents(data: DataConfig) -> bool:
+    """Whether the data cuts attention at document ends (data.document_masking): the token
+    cache appends <eos> only with eos_policy=append; a streamed corpus always separates them."""
+    if not getattr(data, "document_masking", False):
+        return False
+    return getattr(data, "streaming", False) or getattr(data, "eos_policy", "none") == "append"
+
+
+def check_data_fits(cfg: TrainConfig) -> None:
+    """What the data needs from the model, the attention and the trainer, known from the config
+    alone: checked before anything is built, dry runs included, so no run prepares its data
+    (tokenizing a corpus, generating images) only to be refused."""
+    data_ids = getattr(cfg.data, "vocab_size", None)  # every loader's token id count
+    if data_ids is not None and data_ids > cfg.model.vocab_size:
+        raise ValueError(
+            f"data '{cfg.data.name}' has {data_ids} token ids but the model's vocab_size is "
+            f"{cfg.model.vocab_size}; set model.vocab_size >= {data_ids} (it defaults to "
+            f"data.vocab_size)"
+        )
+    if masks_documents(cfg.data):
+        if cfg.attention.impl != "flash":
+            raise ValueError(
+                f"data.document_masking=true needs attention=flash (the varlen kernel keeps "
+                f"attention inside each document), not {cfg.attention.impl}; pass "
+                f"data.document_masking=false to attend across documents"
+            )
+        if cfg.trainer.context_parallel > 1:
+            raise ValueError(
+                f"trainer.context_parallel={cfg.trainer.context_parallel} splits whole sequences "
+                f"and cannot split packed documents: pass data.document_masking=false"
             )
 
 

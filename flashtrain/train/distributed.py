@@ -124,6 +124,23 @@ def resolve_strategy(strategy: str, world_size: int) -> str:
     return strategy
 
 
+def resolve_precision(precision: str, device: torch.device, strategy: str) -> str:
+    """trainer.precision for this device and strategy (auto: bf16 autocast on CUDA, fp32 on
+    CPU); ConfigError for a combination that cannot run."""
+    p = precision
+    if p == "auto":
+        p = "bf16" if device.type == "cuda" else "fp32"
+    if p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("this GPU has no bf16; use trainer.precision=fp16 (or fp32)")
+    if p == "fp16" and strategy == "fsdp":
+        raise ConfigError(
+            "trainer.precision=fp16 is not supported with FSDP2 here; use bf16 (or fp32)"
+        )
+    if p == "fp16" and device.type != "cuda":
+        raise ConfigError("trainer.precision=fp16 needs a CUDA device; use bf16 or fp32")
+    return p
+
+
 def wrap_model(
     model: nn.Module,
     strategy: str,

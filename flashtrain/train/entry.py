@@ -1,9 +1,11 @@
 """train.py's entry point: Hydra's run directory and group choices in, the Trainer run, and
 expected failures turned into a message and an exit code a scheduler can act on.
 
-Exit codes: 0 done; 2 a user error (flashtrain/train/errors.py: one message, the traceback only
-with HYDRA_FULL_ERROR=1); 3 a non-finite loss; 143 pre-empted (SIGTERM: checkpoint written);
-1 a crash (a traceback, as Hydra prints it).
+Exit codes (docs/training.md): 0 done; 2 a user error (flashtrain/train/errors.py: one message,
+the traceback only with HYDRA_FULL_ERROR=1); 3 a non-finite loss; 4 no space left on the device
+while saving a checkpoint (the partial one removed); 130 interrupted (Ctrl-C: no checkpoint
+written); 143 pre-empted (SIGTERM: checkpoint written); 1 a crash (a traceback, as Hydra prints
+it).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from flashtrain.train.checkpoint_manifest import NoSpaceError
 from flashtrain.train.errors import USER_ERRORS, describe
 from flashtrain.train.faults import NonFiniteLossError, Preempted
 from flashtrain.train.trainer import Trainer, ensure_logging, log
@@ -23,6 +26,8 @@ from flashtrain.typed_config import describe_unknown_key
 
 EXIT_USER_ERROR = 2
 EXIT_NONFINITE = 3
+EXIT_NO_SPACE = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a terminated job
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
@@ -40,6 +45,18 @@ def main(cfg: Any) -> None:
     except NonFiniteLossError as e:
         _report_user_error(e)
         raise SystemExit(EXIT_NONFINITE) from None
+    except NoSpaceError as e:
+        _report_user_error(e)
+        raise SystemExit(EXIT_NO_SPACE) from None
+    except KeyboardInterrupt:
+        if os.environ.get("RANK", "0") == "0":
+            ensure_logging()
+            log.warning(
+                "interrupted (Ctrl-C): no checkpoint written by the interrupt; the newest one "
+                "continues with trainer.resume=auto, exit %d",
+                EXIT_INTERRUPTED,
+            )
+        raise SystemExit(EXIT_INTERRUPTED) from None
     except Preempted as e:
         _report_preempted(e)
         raise SystemExit(EXIT_PREEMPTED) from None

@@ -21,10 +21,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from flashtrain.data.module import IGNORE_INDEX
 
 _POLL_S = 0.1  # how often a blocked put / get looks up from waiting (stop requests, a dead thread)
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A batch's tensors on `device` (non-blocking: pinned on CUDA by the prefetcher); other
+    values (max_seqlen) as they are."""
+    with record_function("flashtrain::data"):
+        return {
+            k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
 
 
 def count_targets(batch: dict[str, Any]) -> int:

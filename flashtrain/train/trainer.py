@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime
 import gc
 import logging
 import math
@@ -27,7 +26,6 @@ import torch
 from torch.profiler import record_function
 
 from flashtrain.data import build_data
-from flashtrain.train import checkpoint as ckpt
 from flashtrain.train.config import (
     BatchPlan,
     ConfigError,
@@ -42,7 +40,7 @@ from flashtrain.train.distributed import (
     DistEnv,
     all_reduce_sum,
     broadcast_object,
-    gather_objects,
+    resolve_precision,
     resolve_strategy,
     setup_distributed,
     teardown_distributed,
@@ -50,6 +48,7 @@ from flashtrain.train.distributed import (
     wrap_model,
 )
 from flashtrain.train.errors import from_config
+from flashtrain.train.evaluation import evaluate_model
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
 from flashtrain.train.interval import IntervalStats
 from flashtrain.train.loggers import Loggers, build_loggers
@@ -61,16 +60,12 @@ from flashtrain.train.metrics import (
     measure_matmul_flops,
     memory_metrics,
 )
-from flashtrain.train.optim import (
-    build_optimizer,
-    build_scheduler,
-    describe_schedule_changes,
-    follow_schedule_from,
-    schedule_settings,
-)
-from flashtrain.train.prefetch import StepPrefetcher
+from flashtrain.train.optim import build_optimizer, build_scheduler
+from flashtrain.train.prefetch import StepPrefetcher, to_device
 from flashtrain.train.progress import Progress, format_metrics
 from flashtrain.train.run_info import write_run_info
+from flashtrain.train.run_lock import CheckpointDirBusy, RunLock
+from flashtrain.train.run_state import RunCheckpoints, RunState
 from flashtrain.utils import format_count, git_commit
 
 log = logging.getLogger("flashtrain")
@@ -97,16 +92,6 @@ def host_values(values: torch.Tensor) -> list[float]:
     return values.tolist()
 
 
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """A batch's tensors on `device` (non-blocking: pinned on CUDA by the prefetcher); other
-    values (max_seqlen) as they are."""
-    with record_function("flashtrain::data"):
-        return {
-            k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-            for k, v in batch.items()
-        }
-
-
 class Trainer:
     """__init__ builds the run: process group, model (wrapped for DDP / FSDP2), optimizer,
     schedule, data and the counters, and prints the summary. fit() restores a checkpoint when
@@ -118,8 +103,15 @@ class Trainer:
 
     def __init__(self, cfg: Any, run_dir: str | os.PathLike, choices: dict[str, str] | None = None):
         ensure_logging()
+        # Everything close() lets go of, set before anything is built: a build that fails
+        # half-way is closed, and its own error is the one reported.
         self.loggers = Loggers()
         self.progress: Progress | None = None
+        self.prefetcher: StepPrefetcher | None = None
+        self.lock: RunLock | None = None
+        self.model = self.raw_model = self.optimizer = self.scheduler = self.scaler = None
+        self.state = RunState()
+        self.checkpoints: RunCheckpoints | None = None
         self.cfg = cfg = validate_config(cfg)
         t = cfg.trainer
         self.env: DistEnv = setup_distributed(
@@ -128,8 +120,16 @@ class Trainer:
         try:
             self._build(run_dir, choices or {})
         except BaseException:
-            self.close()
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - the build's error is the one to report
+                log.warning("closing the half-built run failed too", exc_info=True)
             raise
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (resumed ones included)."""
+        return self.state.step
 
     def _build(self, run_dir: str | os.PathLike, choices: dict[str, str]) -> None:
         cfg, t, env = self.cfg, self.cfg.trainer, self.env
@@ -138,24 +138,17 @@ class Trainer:
         self.strategy = resolve_strategy(t.strategy, env.world_size)
         self.plan: BatchPlan = batch_plan(cfg, env.world_size, t.context_parallel)
         self.cp: ContextParallel = setup_context_parallel(cfg, env)
-        self.precision = self._resolve_precision()
+        self.precision = resolve_precision(t.precision, env.device, self.strategy)
         self.run_dir = Path(
             broadcast_object(str(Path(run_dir).absolute()) if env.is_main else None)
         )
         self.ckpt_root = Path(t.ckpt_dir) if t.ckpt_dir else self.run_dir / "checkpoints"
         self.choices = broadcast_object(choices if env.is_main else None)
         self.run_name = cfg.name or self._default_name()
-        # The run's state: what a checkpoint saves besides the model and optimizer.
-        self.step = 0
-        self.tokens_seen = 0
-        self.skipped_in_a_row = 0
-        self.last_ckpt: Path | None = None
-        self.wandb_id: str | None = None
         self.history: list[tuple[int, float]] = []
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.interval = IntervalStats()
         self.dry_run = t.max_steps == 0
-        self.prefetcher: StepPrefetcher | None = None
         self.data_state: dict | None = None  # the stream position after the batches consumed
 
         if env.device.type == "cuda":
@@ -194,6 +187,7 @@ class Trainer:
             refuse_slow_cpu_run(
                 self.cpu_step_estimate, flops_per_step, t.max_steps, t.cpu_step_time_limit_s
             )
+        self._lock_checkpoint_folder()  # one run per checkpoint folder, one it can write
         model.to(env.device)
         if self.compile_blocks:
             for block in model.blocks:
@@ -224,43 +218,41 @@ class Trainer:
                 world_size=self.cp.dp_size,
                 eval_batches=t.eval_batches,
             )
-        if getattr(data, "document_masking", False):
-            if cfg.attention.impl != "flash":
-                raise ConfigError(
-                    f"data.document_masking=true needs attention=flash (the varlen kernel keeps "
-                    f"attention inside each document), not {cfg.attention.impl}; pass "
-                    f"data.document_masking=false to attend across documents"
-                )
-            if self.cp.enabled:
-                raise ConfigError(
-                    f"trainer.context_parallel={self.cp.size} splits whole sequences and cannot "
-                    f"split packed documents: pass data.document_masking=false"
-                )
         self.data = self.cp.shard_data(data)
         bounds = self.data.loss_bounds()
         if bounds and env.is_main:
             log.info("data loss: " + ", ".join(f"{k} {v:.3f}" for k, v in bounds.items()))
-        if self.data.vocab_size > cfg.model.vocab_size:
-            raise ConfigError(
-                f"data '{cfg.data.name}' has {self.data.vocab_size} token ids but the model's "
-                f"vocab_size is {cfg.model.vocab_size}; set model.vocab_size >= "
-                f"{self.data.vocab_size} (it defaults to data.vocab_size)"
-            )
+        self.checkpoints = RunCheckpoints(
+            cfg,
+            env,
+            root=self.ckpt_root,
+            strategy=self.strategy,
+            cp_size=self.cp.size,
+            run_name=self.run_name,
+            num_params=self.num_params,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
+            data=self.data,
+            state=self.state,
+        )
 
-    def _resolve_precision(self) -> str:
-        p = self.cfg.trainer.precision
-        device = self.env.device
-        if p == "auto":
-            p = "bf16" if device.type == "cuda" else "fp32"
-        if p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ConfigError("this GPU has no bf16; use trainer.precision=fp16 (or fp32)")
-        if p == "fp16" and self.strategy == "fsdp":
-            raise ConfigError(
-                "trainer.precision=fp16 is not supported with FSDP2 here; use bf16 (or fp32)"
-            )
-        if p == "fp16" and device.type != "cuda":
-            raise ConfigError("trainer.precision=fp16 needs a CUDA device; use bf16 or fp32")
-        return p
+    def _lock_checkpoint_folder(self) -> None:
+        """Rank 0 takes the lock on the checkpoint folder (creating it: the check that it can
+        be written) before the weights and the data; every rank learns whether that failed.
+        While rank 0 waits for the lock (trainer.wait_for_lock), the other ranks wait for it,
+        up to trainer.dist_timeout_s."""
+        error = None
+        if self.env.is_main:
+            lock = RunLock(self.ckpt_root, self.run_name)
+            try:
+                self.lock = lock.acquire(wait=self.cfg.trainer.wait_for_lock)
+            except (ConfigError, CheckpointDirBusy) as e:
+                error = e
+        error = broadcast_object(error)
+        if error is not None:
+            raise error
 
     def _default_name(self) -> str:
         exp = self.choices.get("experiment")
@@ -308,104 +300,6 @@ class Trainer:
         )
         log.info("\n".join(lines))
 
-    # ----------------------------------------------------------------- resume
-
-    def _resume(self) -> None:
-        """Restore the newest / the given checkpoint (trainer.resume) into the built run: model,
-        optimizer, schedule, data position, RNG; or seed a fresh run's RNG."""
-        t = self.cfg.trainer
-        target = None
-        error = None
-        if self.env.is_main:
-            try:
-                target = ckpt.resolve_resume(t.resume, self.ckpt_root)
-                if target is None and t.resume is None:
-                    existing = ckpt.find_checkpoints(self.ckpt_root)
-                    if existing:
-                        raise ConfigError(
-                            f"{self.ckpt_root} already holds checkpoints (newest "
-                            f"{existing[-1].path.name}); pass trainer.resume=auto to continue "
-                            f"from it, or use a new run directory / trainer.ckpt_dir"
-                        )
-            except (ckpt.CheckpointError, ConfigError) as e:
-                error = e
-        error, target = broadcast_object((error, str(target) if target else None))
-        if error is not None:
-            raise error
-        if target is None:
-            if t.resume == "auto":
-                log.info("trainer.resume=auto: no checkpoint in %s, starting fresh", self.ckpt_root)
-            set_seed(self.cfg.seed + 1 + self.env.rank)  # dropout etc. differ across ranks
-            return
-        state, meta = ckpt.load_checkpoint(
-            target, model=self.model, optimizer=self.optimizer, sharded=self.strategy == "fsdp"
-        )
-        saved_world = int(state.get("world_size", 1))
-        if saved_world != self.env.world_size:
-            raise ckpt.CheckpointError(
-                f"checkpoint {target} was written by {saved_world} processes and this run has "
-                f"{self.env.world_size}; the data stream and RNG positions are per process, so "
-                f"resume with --nproc_per_node matching {saved_world}"
-            )
-        saved_cp = int(state.get("context_parallel", 1))
-        if saved_cp != self.cp.size:
-            raise ckpt.CheckpointError(
-                f"checkpoint {target} was written with trainer.context_parallel={saved_cp} and "
-                f"this run has {self.cp.size}; the data streams are per data-parallel group, so "
-                f"resume with trainer.context_parallel={saved_cp}"
-            )
-        self.step = int(state["step"])
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self._restore_schedule(state, target)
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
-        # The wandb run continues only when this is the same run (its own checkpoints folder);
-        # a checkpoint resumed elsewhere starts a new wandb run.
-        same_run = Path(target).resolve().parent == self.ckpt_root.resolve()
-        self.wandb_id = state.get("wandb_id") if same_run else None
-        try:
-            self.data.load_state_dict(state["data"][self.env.rank])
-        except ValueError as e:  # the stream cannot continue as this run's data is set up
-            raise ckpt.CheckpointError(f"checkpoint {target}: {e}") from e
-        ckpt.set_rng_state(state["rng"][self.env.rank])
-        self.last_ckpt = Path(target)
-        log.info("resumed from %s at step %d", target, self.step)
-
-    def _restore_schedule(self, state: dict, target: str) -> None:
-        """The saved lr schedule, unless this run's settings give a different one: then refuse,
-        or with trainer.allow_schedule_change follow the new one from the resumed step on."""
-        cfg = self.cfg
-        self.scheduler.load_state_dict(state["scheduler"])
-        saved = state.get("schedule")  # absent in checkpoints written before it was saved
-        current = schedule_settings(cfg.optim, cfg.trainer.max_steps)
-        if saved is None or saved == current:
-            return
-        pinned = cfg.optim.decay_steps is not None
-        changes = "; ".join(describe_schedule_changes(saved, current, pinned))
-        next_step = self.step + 1
-        if not cfg.trainer.allow_schedule_change:
-            keep = "set them back"
-            if not pinned and saved["decay_steps"] != current["decay_steps"]:
-                keep += (
-                    f" (to train longer on the saved schedule, pin its end: "
-                    f"optim.decay_steps={saved['decay_steps']})"
-                )
-            raise ConfigError(
-                f"resuming {target} with a different learning-rate schedule: {changes}. Every "
-                f"lr from step {next_step} on would change. To keep the saved schedule, {keep}; "
-                f"to follow the new one from step {next_step}, pass "
-                f"trainer.allow_schedule_change=true"
-            )
-        follow_schedule_from(self.scheduler, self.step, current["lr"])
-        log.warning(
-            "trainer.allow_schedule_change: %s; the new schedule holds from step %d "
-            "(lr %.3e), as if the run had followed it from the start",
-            changes,
-            next_step,
-            self.scheduler.get_last_lr()[0],
-        )
-
     # ------------------------------------------------------------------- loop
 
     def fit(self, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -416,7 +310,8 @@ class Trainer:
         if self.dry_run:
             log.info("trainer.max_steps=0: built the model and the plan (no data), exiting")
             return self._summary()
-        self._resume()
+        if not self.checkpoints.resume():
+            set_seed(self.cfg.seed + 1 + env.rank)  # a fresh run: dropout etc. differ by rank
         self.data_state = copy.deepcopy(self.data.state_dict())
         self.prefetcher = StepPrefetcher(
             self.data,
@@ -460,7 +355,7 @@ class Trainer:
                 self.step,
                 format_duration(elapsed),
                 format_metrics({**last, **evals}),
-                self.last_ckpt,
+                self.state.last_ckpt,
             )
             if "eval/loss" in evals and (verdict := self.data.loss_verdict(evals["eval/loss"])):
                 log.info(verdict)
@@ -492,10 +387,10 @@ class Trainer:
             run_name=self.run_name,
             config=config,
             is_main=env.is_main,
-            resume_id=self.wandb_id,
+            resume_id=self.state.wandb_id,
         )
         if self.loggers.wandb is not None:
-            self.wandb_id = self.loggers.wandb.id
+            self.state.wandb_id = self.loggers.wandb.id
         self.progress = Progress(
             self.cfg.trainer.progress,
             total=self.cfg.trainer.max_steps,
@@ -509,7 +404,7 @@ class Trainer:
             "params": self.num_params,
             "losses": list(self.history),
             "evals": list(self.eval_history),
-            "checkpoint": str(self.last_ckpt) if self.last_ckpt else None,
+            "checkpoint": str(self.state.last_ckpt) if self.state.last_ckpt else None,
             "run_dir": str(self.run_dir),
         }
 
@@ -593,23 +488,26 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             if self.scaler is not None:
                 self.scaler.update()  # unscale_ ran: close the scaler's step
-            self.skipped_in_a_row += 1
-            if t.on_nonfinite == "stop" or self.skipped_in_a_row > t.max_skipped_steps:
+            self.state.skipped_in_a_row += 1
+            if t.on_nonfinite == "stop" or self.state.skipped_in_a_row > t.max_skipped_steps:
                 raise NonFiniteLossError(
-                    step, loss_value, norm_value, str(self.last_ckpt) if self.last_ckpt else None
+                    step,
+                    loss_value,
+                    norm_value,
+                    str(self.state.last_ckpt) if self.state.last_ckpt else None,
                 )
             log.warning(
                 "step %d: non-finite loss %s (grad_norm %s), update skipped (%d in a row)",
                 step,
                 loss_value,
                 norm_value,
-                self.skipped_in_a_row,
+                self.state.skipped_in_a_row,
             )
             with warnings.catch_warnings():  # the schedule advances although no update was made
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                 self.scheduler.step()
         else:
-            self.skipped_in_a_row = 0
+            self.state.skipped_in_a_row = 0
             lr = self.scheduler.get_last_lr()[0]
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
@@ -622,8 +520,8 @@ class Trainer:
             self.history.append((step, loss_value))
         if has_correct:
             self.interval.add_accuracy(correct, targets)
-        self.step = step
-        self.tokens_seen += self.plan.tokens_per_step
+        self.state.step = step
+        self.state.tokens_seen += self.plan.tokens_per_step
         self.throughput.add(time.perf_counter() - start, self.plan.tokens_per_step)
         return stop_votes > 0
 
@@ -631,7 +529,7 @@ class Trainer:
         metrics = self.interval.flush()
         metrics.update(self.throughput.flush())
         metrics.update(memory_metrics(self.env.device))
-        metrics["tokens_seen"] = float(self.tokens_seen)
+        metrics["tokens_seen"] = float(self.state.tokens_seen)
         if self.scaler is not None:
             metrics["loss_scale"] = float(self.scaler.get_scale())
         eta = self.throughput.eta_seconds(self.cfg.trainer.max_steps - self.step)
@@ -641,108 +539,25 @@ class Trainer:
 
     # ------------------------------------------------------------------- eval
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Loss (and perplexity for LM/MLM, accuracy for MLM/classification) on the val set."""
-        env = self.env
-        model = self.model if self.strategy == "fsdp" else self.raw_model
-        model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, n, correct
-        has_correct = False
-        it = iter(self.data.val_batches())  # at most trainer.eval_batches per rank
-        last_batch = None
-        while True:
-            batch = next(it, None)
-            if self.strategy == "fsdp":
-                # FSDP forward passes are collectives: go on while any rank has data, with
-                # ranks that ran out repeating their last batch at weight zero.
-                more = all_reduce_sum(torch.tensor([float(batch is not None)], device=env.device))
-                if float(more) == 0:
-                    break
-                weight = 1.0 if batch is not None else 0.0
-                batch = batch if batch is not None else last_batch
-                if batch is None:
-                    raise RuntimeError(f"rank {env.rank} has no validation data for FSDP eval")
-            elif batch is None:
-                break
-            else:
-                weight = 1.0
-            last_batch = batch
-            with self._autocast():
-                out = model(**to_device(batch, env.device))
-            n = out.num_targets.double() * weight
-            if float(n) > 0:
-                sums[0] += out.loss.double() * n
-            sums[1] += n
-            if out.correct is not None:
-                has_correct = True
-                sums[2] += out.correct.double() * weight
-        all_reduce_sum(sums)
-        model.train()
-        total = float(sums[1])
-        metrics: dict[str, float] = {}
-        if total > 0:
-            loss = float(sums[0]) / total
-            metrics["eval/loss"] = loss
-            if self.data.task in ("lm", "mlm"):
-                metrics["eval/ppl"] = math.exp(min(loss, 50.0))
-            if has_correct or self.data.task == "classification":
-                metrics["eval/accuracy"] = float(sums[2]) / total
+        """The validation metrics (flashtrain/train/evaluation.py), logged and kept."""
+        sharded = self.strategy == "fsdp"
+        model = self.model if sharded else self.raw_model
+        metrics = evaluate_model(
+            model, self.data, self.env, sharded=sharded, autocast=self._autocast
+        )
         self.eval_history.append((self.step, metrics))
-        if env.is_main:
-            log.info(
-                "eval at step %d: %s",
-                self.step,
-                format_metrics(metrics) or "no validation data",
-            )
+        if self.env.is_main:
+            text = format_metrics(metrics) or "no validation data"
+            log.info("eval at step %d: %s", self.step, text)
             self.loggers.log(metrics, self.step)
         return metrics
 
     # ------------------------------------------------------------ checkpoints
 
     def save(self) -> Path:
-        env = self.env
-        rng = gather_objects(ckpt.rng_state())
-        data = gather_objects(self.data_state)
-        trainer_state = None
-        if env.is_main:
-            trainer_state = {
-                "step": self.step,
-                "tokens_seen": self.tokens_seen,
-                "scheduler": self.scheduler.state_dict(),
-                "schedule": schedule_settings(self.cfg.optim, self.cfg.trainer.max_steps),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "rng": rng,
-                "data": data,
-                "world_size": env.world_size,
-                "context_parallel": self.cp.size,
-                "skipped_in_a_row": self.skipped_in_a_row,
-                "wandb_id": self.wandb_id,
-            }
-        meta = {
-            "time": datetime.datetime.now().isoformat(timespec="seconds"),
-            "world_size": env.world_size,
-            "context_parallel": self.cp.size,
-            "strategy": self.strategy,
-            "params": self.num_params,
-            "tokens_seen": self.tokens_seen,
-            "model_config": config_dict(self.cfg)["model"],
-            "run_name": self.run_name,
-        }
-        path = ckpt.save_checkpoint(
-            self.ckpt_root,
-            self.step,
-            model=self.model,
-            optimizer=self.optimizer,
-            trainer_state=trainer_state,
-            meta=meta,
-            config_yaml=config_yaml(self.cfg) if env.is_main else "",
-            sharded=self.strategy == "fsdp",
-            keep_last=self.cfg.trainer.keep_last,
-        )
-        self.last_ckpt = path
-        log.info("checkpoint: %s", path)
-        return path
+        """Checkpoint the run at its current step (every rank calls it)."""
+        return self.checkpoints.save(self.data_state)
 
     def close(self, clean: bool = False) -> None:
         if self.progress is not None:
@@ -754,10 +569,13 @@ class Trainer:
         if self.prefetcher is not None:
             self.prefetcher.close()
         for name in ("model", "raw_model", "optimizer", "scheduler", "scaler", "prefetcher"):
-            if hasattr(self, name):
-                setattr(self, name, None)
+            setattr(self, name, None)
+        self.checkpoints = None
         gc.collect()
         teardown_distributed(barrier=clean)
+        if self.lock is not None:  # the folder is free once this run has stopped writing it
+            self.lock.release()
+            self.lock = None
 
 
 @contextlib.contextmanager

@@ -117,3 +117,27 @@ def test_blocksparse_dropped_block_with_nan_does_not_reach_a_row(route):
     torch.testing.assert_close(lse[0, 1, 64:].double(), want[1][0, 1, 64:], **TOL[dtype])
     torch.testing.assert_close(dq[0, 64:, 1].double(), want[2][0, 64:, 1], **TOL[dtype])
     assert out[0, :, 0].isnan().all() and out[0, :64, 1].isnan().all()
+
+
+def test_nan_in_another_packed_sequence_does_not_reach_a_row(backend):
+    """Packed sequences: a NaN in sequence 1's keys and values leaves sequence 0 as it is alone."""
+    from flashtrain.attention import flash_attn_varlen_func
+
+    torch.manual_seed(13)
+    q = torch.randn(50, 2, 16)
+    k, v = (torch.randn(50, 1, 16) for _ in range(2))
+    k[30], v[30] = float("nan"), float("nan")  # in sequence 1 (rows 21..49)
+    cu = torch.tensor([0, 21, 50], dtype=torch.int32)
+    dout = torch.randn_like(q)
+    packed = forward_backward(
+        lambda a, b, c: flash_attn_varlen_func(a, b, c, cu, cu, 29, 29, causal=True, return_lse=True),
+        q, k, v, dout,
+    )  # fmt: skip
+    alone = forward_backward(
+        lambda a, b, c: flash_attn_func(a, b, c, causal=True, return_lse=True),
+        q[None, :21], k[None, :21], v[None, :21], dout[None, :21],
+    )  # fmt: skip
+    torch.testing.assert_close(packed[0][:21], alone[0][0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(packed[1][:, :21], alone[1][0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(packed[2][:21], alone[2][0], atol=1e-6, rtol=1e-6)
+    assert packed[0][21:30].isfinite().all() and packed[0][30:].isnan().all()

@@ -197,3 +197,18 @@ def test_packed_documents_attend_only_within_themselves(route, varlen_calls):
         want = torch.cat([eager(input_ids=d).logits for d in docs], dim=1)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     assert varlen_calls == [17] * 2
+
+
+def test_bert_encoder_with_padding(route, varlen_calls):
+    """Bidirectional (no causal mask) with a padding mask: the varlen op over the real tokens."""
+    config = transformers.BertConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=2, vocab_size=41, max_position_embeddings=32)  # fmt: skip
+    torch.manual_seed(6)
+    bert = transformers.AutoModelForMaskedLM.from_config
+    ours = bert(copy.deepcopy(config), attn_implementation="flashtrain").eval()
+    eager = bert(copy.deepcopy(config), attn_implementation="eager").eval()
+    eager.load_state_dict(ours.state_dict())
+    ids, mask, _ = padded_batch(41, left=False)
+    labels = ids.masked_fill(mask == 0, -100)
+    assert_twins_agree(ours, eager, ids, mask, labels)
+    assert varlen_calls == [int(mask.sum())] * 2

@@ -4,16 +4,25 @@ flashtrain's logits; sharded (DCP) checkpoints, tokenizer files, byte-level note
 from __future__ import annotations
 
 import json
+import os
+import runpy
+import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-from hf_testing import REPO, rel_err, save_model_checkpoint, transformers
+from hf_testing import REPO, TINY_RUN, rel_err, save_model_checkpoint, transformers
 
 from flashtrain.hf.checkpoint_model import load_checkpoint_model
 from flashtrain.hf.export import export_checkpoint
 from flashtrain.models import build_model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def flashtrain_logits(model, ids):
@@ -130,7 +139,7 @@ def test_byte_level_bert_run(tmp_path):
         )
 
 
-def test_refusals(tmp_path, trained):
+def test_refusals(tmp_path, trained, capsys):
     classifier = build_model(dict(arch="classifier", n_layer=1, n_head=2, d_model=32, d_ff=64,
                                   max_seq_len=64), {"impl": "reference"})  # fmt: skip
     ckpt = save_model_checkpoint(tmp_path / "ckpt", classifier, {"data": {"name": "pathx"}})
@@ -138,11 +147,56 @@ def test_refusals(tmp_path, trained):
         export_checkpoint(ckpt, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     (tmp_path / "taken").mkdir()
-    res = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(trained / "checkpoints"), str(tmp_path / "taken")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert res.returncode == 2 and "exists; pass overwrite=True (--overwrite)" in res.stderr
+    script = runpy.run_path(str(REPO / "scripts" / "export_hf.py"))  # the shim, in-process
+    assert script["main"]([str(trained / "checkpoints"), str(tmp_path / "taken")]) == 2
+    assert "exists; pass overwrite=True (--overwrite)" in capsys.readouterr().err
     export_checkpoint(trained / "checkpoints", tmp_path / "taken", overwrite=True)
     assert (tmp_path / "taken" / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "taken"]
+
+
+@pytest.mark.slow
+def test_export_of_a_real_fsdp2_run(tmp_path):
+    """torchrun, 2 processes, trainer.strategy=fsdp: the DCP shards of both ranks exported;
+    every exported tensor equals the one torch's own DCP converter reassembles."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from flashtrain.hf.gpt2 import GPT2Mapping
+    from flashtrain.models import model_config
+
+    env = dict(os.environ, FLASHTRAIN_CPU_ATTENTION="torch", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           f"--master_port={free_port()}", str(REPO / "train.py"), *TINY_RUN,
+           "trainer.max_steps=2", "trainer.ckpt_interval=2", "trainer.eval_interval=0",
+           "trainer.strategy=fsdp", "hydra.run.dir=run"]  # fmt: skip
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
+    assert len(list(ckpt.glob("*.distcp"))) == 2
+    out = export_checkpoint(ckpt, tmp_path / "out")
+    dcp_to_torch_save(ckpt, tmp_path / "whole.pt")
+    whole = torch.load(tmp_path / "whole.pt", weights_only=False)["model"]
+    meta = json.loads((ckpt / "meta.json").read_text())
+    want = GPT2Mapping().state_to_hf(whole, model_config(meta["model_config"]))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out)
+    got = hf.state_dict()
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+def test_missing_tokenizer_files_are_named(tmp_path):
+    data = dict(name="text_files", tokenizer="wordpiece", tokenizer_path=str(tmp_path / "absent"),
+                tokenizer_name="not-a-hub-tokenizer", lowercase=True, cache_dir=str(tmp_path),
+                vocab_size=40)  # fmt: skip
+    model = build_model(dict(arch="gpt2", n_layer=1, n_head=2, d_model=32, max_seq_len=16,
+                             vocab_size=40), {"impl": "reference"})  # fmt: skip
+    ckpt = save_model_checkpoint(tmp_path / "ckpt", model, {"data": data})
+    with pytest.raises(
+        FileNotFoundError, match="(?s)WordPiece vocab.txt not found.*--no-tokenizer"
+    ):
+        export_checkpoint(ckpt, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    out = export_checkpoint(ckpt, tmp_path / "out", tokenizer=False)
+    assert "not exported (--no-tokenizer)" in (out / "README.md").read_text()

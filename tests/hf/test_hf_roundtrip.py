@@ -139,3 +139,29 @@ def test_refusals():
     with pytest.raises(ValueError, match="model_type='t5'.*allowed: gpt2, bert"):
         from_hf(transformers.T5ForConditionalGeneration(transformers.T5Config(
             d_model=16, d_ff=32, num_layers=1, num_heads=2, vocab_size=20, d_kv=8)))  # fmt: skip
+
+
+def test_hub_style_bert_folder(tmp_path):
+    """A folder as google-bert/bert-base-uncased ships it (BertForPreTraining): LayerNorm
+    gamma / beta, an int64 position_ids buffer first, a pooler and the next-sentence head an
+    MLM model does not use."""
+    from safetensors.torch import save_file
+
+    hf = tiny_bert_mlm(seed=5)
+    state = {"bert.embeddings.position_ids": torch.arange(40)[None]}
+    for key, value in hf.state_dict().items():
+        state[
+            key.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+                "LayerNorm.bias", "LayerNorm.beta"
+            )
+        ] = value
+    state["bert.pooler.dense.weight"] = torch.randn(32, 32, dtype=torch.float64)
+    state["bert.pooler.dense.bias"] = torch.randn(32, dtype=torch.float64)
+    state["cls.seq_relationship.weight"] = torch.randn(2, 32, dtype=torch.float64)
+    del state["cls.predictions.decoder.weight"], state["cls.predictions.decoder.bias"]  # tied
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
+    config = hf.config.to_dict() | {"architectures": ["BertForPreTraining"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = from_hf(str(tmp_path), attention=REF)
+    assert model.config.head == "mlm" and model.word_embeddings.weight.dtype == torch.float64
+    assert_same_state(to_hf(model).state_dict(), hf.state_dict())

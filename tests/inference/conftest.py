@@ -45,3 +45,20 @@ def train(run_dir: Path, *overrides: str, tiny: bool = True, timeout: float = 30
 def recall_run(tmp_path_factory) -> Path:
     """A run directory with a checkpoint of the default data (synthetic recall)."""
     return train(tmp_path_factory.mktemp("runs") / "recall")
+
+
+@pytest.fixture(scope="session")
+def text_run(tmp_path_factory) -> Path:
+    """A run directory with a checkpoint of a byte-level text corpus (data=text_files, one
+    document per line, a private cache folder)."""
+    root = tmp_path_factory.mktemp("text")
+    corpus = root / "corpus.txt"
+    lines = [
+        f"line {i}: the quick brown fox {i % 7} jumps over the lazy dog {i % 5}."
+        for i in range(600)
+    ]
+    corpus.write_text("\n".join(lines) + "\n")
+    return train(
+        root / "run", "data=text_files", f"data.data_files={corpus}", "data.sample_by=line",
+        "data.val_fraction=0.2", f"data.cache_dir={root / 'cache'}",
+    )  # fmt: skip

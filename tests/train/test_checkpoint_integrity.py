@@ -118,17 +118,25 @@ def test_unlisted_files_are_reported_and_ignored(tmp_path, caplog):
     assert any("notes.txt" in r.getMessage() for r in caplog.records)
 
 
-def test_a_checkpoint_without_checksums_still_loads_with_a_note(tmp_path, caplog):
+def test_a_checkpoint_without_checksums_loads_only_when_allowed_and_with_a_note(tmp_path, caplog):
     model, opt = trained()
     path = save(tmp_path, 4, model, opt, state={"step": 4})
     meta = json.loads((path / "meta.json").read_text())
     del meta["files"]
-    meta["version"] = 1  # what the first format wrote
+    meta["version"] = 1  # what the first format wrote (or a file list removed)
     (path / "meta.json").write_text(json.dumps(meta))
-    assert ckpt.resolve_resume("auto", tmp_path) == path
     fresh, fresh_opt = trained(seed=3, steps=0)
+    allow = "trainer.allow_unverified_checkpoint=true"
+    for resume in ("auto", str(path)):  # auto does not go back past it either
+        with pytest.raises(ckpt.UnverifiedCheckpointError, match=allow):
+            ckpt.resolve_resume(resume, tmp_path)
+    with pytest.raises(ckpt.UnverifiedCheckpointError, match=allow):
+        ckpt.load_checkpoint(path, model=fresh, optimizer=fresh_opt)
+    assert ckpt.resolve_resume("auto", tmp_path, allow_unverified=True) == path
     with caplog.at_level(logging.INFO, logger="flashtrain"):
-        state, _ = ckpt.load_checkpoint(path, model=fresh, optimizer=fresh_opt)
+        state, _ = ckpt.load_checkpoint(
+            path, model=fresh, optimizer=fresh_opt, allow_unverified=True
+        )
     assert state == {"step": 4}
     notes = [r.getMessage() for r in caplog.records if "unverified" in r.getMessage()]
     assert len(notes) == 1 and "version 1" in notes[0]
@@ -206,7 +214,8 @@ def test_the_trainer_resumes_auto_from_the_newest_intact_checkpoint(tmp_path, ca
         resumed = run(cfg("trainer.max_steps=4", "trainer.resume=auto"), tmp_path / "a")
     assert any(str(newest) in r.getMessage() for r in caplog.records)
     assert resumed["losses"] == full["losses"][2:]  # from step 2, exactly as the first run
-    ckpt.verify_checkpoint(newest)  # and the damaged step 4 was written anew
+    ckpt.verify_checkpoint(newest)  # and the damaged step 4 was written anew, not silently
+    assert any(f"replacing checkpoint {newest}" in r.getMessage() for r in caplog.records)
 
 
 def test_a_kill_while_replacing_a_checkpoint_of_the_same_step_loses_nothing(tmp_path):

@@ -17,6 +17,7 @@ LIBRARY = {
     "typed_config": set(),
     "file_integrity": set(),
     "utils": set(),
+    "plots": {"data"},  # matplotlib figures for the reports (lab) and evaluate (inference)
     "kernels": set(),
     "attention": {"kernels", "typed_config"},
     # models -> hf only lazily, for model.init_from=hf:... (flashtrain.hf.init_from)
@@ -34,7 +35,16 @@ LIBRARY = {
         "utils",
     },
     # after training: sampling and evaluation read checkpoints through train
-    "inference": {"models", "data", "train", "attention", "kernels", "typed_config", "utils"},
+    "inference": {
+        "models",
+        "data",
+        "train",
+        "attention",
+        "kernels",
+        "typed_config",
+        "utils",
+        "plots",
+    },
 }
 LAB_BASE = set(LIBRARY) | {"lab", "lab.checkout"}  # what every part of the lab may use
 ALLOWED = {

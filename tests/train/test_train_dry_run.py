@@ -8,7 +8,7 @@ import pytest
 from config_testing import compose
 from train_testing import run_train, subprocess_env
 
-from flashtrain.train import run
+from flashtrain.train import ConfigError, run
 
 
 @pytest.fixture
@@ -53,3 +53,30 @@ def test_dry_run_command_exits_0_without_tokenizer_files(no_data_here):
     assert res.returncode == 0, res.stderr[-2000:]
     assert "params: 124475904" in res.stdout and "Traceback" not in res.stderr
     assert "batch: 512 seqs x 1024 = 524.29K tokens/step = micro 16 x 1 ranks x 32" in res.stdout
+
+
+# Refusals that the config alone decides: a dry run makes them too, so a real run makes them
+# before it tokenizes a corpus or generates images.
+CONFIG_ONLY_REFUSALS = {
+    "document masking needs flash": (
+        ["data=openwebtext", "attention=sdpa"],
+        "data.document_masking=true needs attention=flash",
+    ),
+    "document masking cannot be split": (
+        ["data=openwebtext", "trainer.context_parallel=2"],
+        "cannot split packed documents",
+    ),
+    "model vocabulary too small": (
+        ["data=synthetic", "model.vocab_size=10"],
+        "has 16 token ids but the model's vocab_size is 10",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_ONLY_REFUSALS)
+def test_config_only_refusals_happen_in_a_dry_run(case, no_data_here):
+    overrides, message = CONFIG_ONLY_REFUSALS[case]
+    cfg = compose(["model=gpt2-tiny", "logger=none", "trainer.max_steps=0", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        run(cfg, no_data_here / "run")
+    assert sorted(p.name for p in no_data_here.iterdir()) == []

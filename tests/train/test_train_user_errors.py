@@ -61,6 +61,19 @@ CASES = {
     "negative lr": lambda *_: (["optim.lr=-0.001"], "optim.lr must be > 0, got -0.001"),
     "bad checkpoint": _bad_checkpoint,
     "unknown key": lambda *_: (["+trainer.max_step=3"], "unknown key 'trainer.max_step'"),
+    # Refused while the trainer builds: the build's own error, not one from closing it after.
+    "batch not a multiple": lambda *_: (
+        ["global_batch_size=7", "micro_batch_size=2"],
+        "the global batch of 7 sequences is not a multiple of micro_batch_size=2",
+    ),
+    "context parallel in one process": lambda *_: (
+        ["trainer.context_parallel=2"],
+        "trainer.context_parallel=2 does not divide the world size 1",
+    ),
+    "fp16 on a CPU": lambda *_: (
+        ["trainer.precision=fp16", "trainer.device=cpu"],
+        "trainer.precision=fp16 needs a CUDA device",
+    ),
 }
 
 

@@ -57,6 +57,8 @@ def pathfinder_dataset(images: np.ndarray, labels: np.ndarray):
 class PathfinderClassification(SampledDataModule):
     """Path-X style classification: one R x R image = R * R tokens, 2 classes."""
 
+    Config = PathfinderConfig  # its schema (configs/data/*.yaml with loader: pathfinder)
+
     task = "classification"
     num_classes = 2
     vocab_size = 256

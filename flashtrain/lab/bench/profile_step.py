@@ -66,7 +66,9 @@ def parse_args(argv=None):
 def compose_config(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
-    import flashtrain.train  # noqa: F401  (registers the config schemas)
+    from flashtrain.train import register_schemas
+
+    register_schemas()
 
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=overrides)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flashtrain.lab.reports import plots
+from flashtrain import plots
 from flashtrain.lab.reports.markdown import fmt, image, table
 from flashtrain.lab.reports.paper import paper_value
 from flashtrain.lab.reports.runs import RunRecord

@@ -6,7 +6,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from flashtrain.lab.reports import plots
+from flashtrain import plots
 from flashtrain.lab.reports.markdown import fmt, image, table
 from flashtrain.lab.reports.paper import paper_figure, paper_value
 from flashtrain.lab.reports.runs import RunRecord

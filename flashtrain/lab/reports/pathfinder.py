@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from flashtrain import plots
 from flashtrain.data.pathfinder.dataset import split_ranges
-from flashtrain.lab.reports import plots
 from flashtrain.lab.reports.markdown import fmt, image, table
 from flashtrain.lab.reports.paper import LRA_MODELS, LRA_TASKS, paper_figure, paper_value
 from flashtrain.lab.reports.runs import RunRecord

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from flashtrain import plots
 from flashtrain.lab.bench import results as bench_results
-from flashtrain.lab.reports import plots
 from flashtrain.lab.reports.markdown import fmt, image, table
 from flashtrain.lab.reports.paper import paper_figure
 from flashtrain.lab.reports.runs import RunRecord

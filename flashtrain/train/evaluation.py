@@ -1,0 +1,70 @@
+"""Evaluation: the loss (and perplexity for LM / MLM, accuracy for MLM / classification) over a
+data module's validation batches, summed over every rank."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from flashtrain.train.distributed import DistEnv, all_reduce_sum
+from flashtrain.train.prefetch import to_device
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: torch.nn.Module,
+    data: Any,
+    env: DistEnv,
+    *,
+    sharded: bool,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> dict[str, float]:
+    """eval/loss (target-weighted over all ranks), eval/ppl, eval/accuracy; {} without data.
+    sharded (FSDP2): every rank runs as many forward passes as the rank with the most batches."""
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, n, correct
+    has_correct = False
+    it = iter(data.val_batches())  # at most trainer.eval_batches per rank
+    last_batch = None
+    while True:
+        batch = next(it, None)
+        if sharded:
+            # FSDP forward passes are collectives: go on while any rank has data, with
+            # ranks that ran out repeating their last batch at weight zero.
+            more = all_reduce_sum(torch.tensor([float(batch is not None)], device=env.device))
+            if float(more) == 0:
+                break
+            weight = 1.0 if batch is not None else 0.0
+            batch = batch if batch is not None else last_batch
+            if batch is None:
+                raise RuntimeError(f"rank {env.rank} has no validation data for FSDP eval")
+        elif batch is None:
+            break
+        else:
+            weight = 1.0
+        last_batch = batch
+        with autocast():
+            out = model(**to_device(batch, env.device))
+        n = out.num_targets.double() * weight
+        if float(n) > 0:
+            sums[0] += out.loss.double() * n
+        sums[1] += n
+        if out.correct is not None:
+            has_correct = True
+            sums[2] += out.correct.double() * weight
+    all_reduce_sum(sums)
+    model.train()
+    total = float(sums[1])
+    metrics: dict[str, float] = {}
+    if total > 0:
+        loss = float(sums[0]) / total
+        metrics["eval/loss"] = loss
+        if data.task in ("lm", "mlm"):
+            metrics["eval/ppl"] = math.exp(min(loss, 50.0))
+        if has_correct or data.task == "classification":
+            metrics["eval/accuracy"] = float(sums[2]) / total
+    return metrics

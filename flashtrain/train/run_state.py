@@ -1,0 +1,220 @@
+"""A run's state beyond its weights, and its checkpoints: what a save writes besides the model and
+optimizer (step, tokens seen, lr schedule, grad scaler, per-rank RNG and data positions), and how
+a resume (trainer.resume) restores all of it, refusing a checkpoint this run cannot continue."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashtrain.train import checkpoint as ckpt
+from flashtrain.train.config import ConfigError, TrainConfig, config_dict, config_yaml
+from flashtrain.train.distributed import DistEnv, broadcast_object, gather_objects
+from flashtrain.train.optim import (
+    describe_schedule_changes,
+    follow_schedule_from,
+    schedule_settings,
+)
+
+log = logging.getLogger("flashtrain")
+
+# What the data streams and RNG positions of a checkpoint are split by: a resume must match it.
+# (key in the trainer state, the setting that sets it, the argument to pass instead)
+PER_PROCESS_LAYOUT = (
+    ("world_size", "world size (processes)", "--nproc_per_node matching {}"),
+    ("context_parallel", "trainer.context_parallel", "trainer.context_parallel={}"),
+)
+
+
+@dataclass
+class RunState:
+    """The run's counters: what a checkpoint saves besides the model and optimizer."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    skipped_in_a_row: int = 0  # non-finite steps skipped in a row (trainer.on_nonfinite=skip)
+    wandb_id: str | None = None  # the wandb run this one continues
+    last_ckpt: Path | None = None  # the newest checkpoint written or resumed from
+
+
+@dataclass
+class RunCheckpoints:
+    """Saves the run into its checkpoint folder and restores it from a checkpoint."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    root: Path  # trainer.ckpt_dir, or <run dir>/checkpoints
+    strategy: str
+    cp_size: int
+    run_name: str
+    num_params: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler | None
+    data: Any
+    state: RunState
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy == "fsdp"
+
+    # ------------------------------------------------------------------------------- save
+
+    def save(self, data_state: dict | None) -> Path:
+        """Checkpoint the run at its current step (a collective: every rank calls it);
+        data_state: this rank's stream position after the batches consumed."""
+        env, state = self.env, self.state
+        rng = gather_objects(ckpt.rng_state())
+        data = gather_objects(data_state)
+        trainer_state = None
+        if env.is_main:
+            trainer_state = {
+                "step": state.step,
+                "tokens_seen": state.tokens_seen,
+                "scheduler": self.scheduler.state_dict(),
+                "schedule": schedule_settings(self.cfg.optim, self.cfg.trainer.max_steps),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "rng": rng,
+                "data": data,
+                "world_size": env.world_size,
+                "context_parallel": self.cp_size,
+                "skipped_in_a_row": state.skipped_in_a_row,
+                "wandb_id": state.wandb_id,
+            }
+        meta = {
+            "time": datetime.datetime.now().isoformat(timespec="seconds"),
+            "world_size": env.world_size,
+            "context_parallel": self.cp_size,
+            "strategy": self.strategy,
+            "params": self.num_params,
+            "tokens_seen": state.tokens_seen,
+            "model_config": config_dict(self.cfg)["model"],
+            "run_name": self.run_name,
+        }
+        path = ckpt.save_checkpoint(
+            self.root,
+            state.step,
+            model=self.model,
+            optimizer=self.optimizer,
+            trainer_state=trainer_state,
+            meta=meta,
+            config_yaml=config_yaml(self.cfg) if env.is_main else "",
+            sharded=self.sharded,
+            keep_last=self.cfg.trainer.keep_last,
+        )
+        state.last_ckpt = path
+        log.info("checkpoint: %s", path)
+        return path
+
+    # ----------------------------------------------------------------------------- resume
+
+    def resume(self) -> bool:
+        """Restore the newest / the given checkpoint (trainer.resume): model, optimizer,
+        schedule, grad scaler, counters, data position and RNG. Returns False when there is
+        nothing to resume (a fresh run)."""
+        t = self.cfg.trainer
+        target = self._resume_target()
+        if target is None:
+            if t.resume == "auto":
+                log.info("trainer.resume=auto: no checkpoint in %s, starting fresh", self.root)
+            return False
+        saved, _ = ckpt.load_checkpoint(
+            target,
+            model=self.model,
+            optimizer=self.optimizer,
+            sharded=self.sharded,
+            allow_unverified=t.allow_unverified_checkpoint,
+            model_config=config_dict(self.cfg)["model"],
+        )
+        current = {"world_size": self.env.world_size, "context_parallel": self.cp_size}
+        for key, setting, fix in PER_PROCESS_LAYOUT:
+            was = int(saved.get(key, 1))
+            if was != current[key]:
+                raise ckpt.CheckpointError(
+                    f"checkpoint {target} was written with {setting} {was} and this run has "
+                    f"{current[key]}; the data streams and RNG positions are split by it, so "
+                    f"resume with {fix.format(was)}"
+                )
+        state = self.state
+        state.step = int(saved["step"])
+        state.tokens_seen = int(saved.get("tokens_seen", 0))
+        self._restore_schedule(saved, target)
+        if self.scaler is not None and saved.get("scaler"):
+            self.scaler.load_state_dict(saved["scaler"])
+        state.skipped_in_a_row = int(saved.get("skipped_in_a_row", 0))
+        # The wandb run continues only when this is the same run (its own checkpoints folder);
+        # a checkpoint resumed elsewhere starts a new wandb run.
+        same_run = target.resolve().parent == self.root.resolve()
+        state.wandb_id = saved.get("wandb_id") if same_run else None
+        try:
+            self.data.load_state_dict(saved["data"][self.env.rank])
+        except ValueError as e:  # the stream cannot continue as this run's data is set up
+            raise ckpt.CheckpointError(f"checkpoint {target}: {e}") from e
+        ckpt.set_rng_state(saved["rng"][self.env.rank])
+        state.last_ckpt = target
+        log.info("resumed from %s at step %d", target, state.step)
+        return True
+
+    def _resume_target(self) -> Path | None:
+        """The checkpoint trainer.resume names (rank 0 looks, every rank gets its answer)."""
+        t = self.cfg.trainer
+        target = error = None
+        if self.env.is_main:
+            try:
+                target = ckpt.resolve_resume(
+                    t.resume, self.root, allow_unverified=t.allow_unverified_checkpoint
+                )
+                if target is None and t.resume is None:
+                    existing = ckpt.find_checkpoints(self.root)
+                    if existing:
+                        raise ConfigError(
+                            f"{self.root} already holds checkpoints (newest "
+                            f"{existing[-1].path.name}); pass trainer.resume=auto to continue "
+                            f"from it, or use a new run directory / trainer.ckpt_dir"
+                        )
+            except (ckpt.CheckpointError, ConfigError) as e:
+                error = e
+        error, target = broadcast_object((error, str(target) if target else None))
+        if error is not None:
+            raise error
+        return Path(target) if target else None
+
+    def _restore_schedule(self, saved: dict, target: Path) -> None:
+        """The saved lr schedule, unless this run's settings give a different one: then refuse,
+        or with trainer.allow_schedule_change follow the new one from the resumed step on."""
+        cfg = self.cfg
+        self.scheduler.load_state_dict(saved["scheduler"])
+        was = saved.get("schedule")  # absent in checkpoints written before it was saved
+        current = schedule_settings(cfg.optim, cfg.trainer.max_steps)
+        if was is None or was == current:
+            return
+        pinned = cfg.optim.decay_steps is not None
+        changes = "; ".join(describe_schedule_changes(was, current, pinned))
+        next_step = self.state.step + 1
+        if not cfg.trainer.allow_schedule_change:
+            keep = "set them back"
+            if not pinned and was["decay_steps"] != current["decay_steps"]:
+                keep += (
+                    f" (to train longer on the saved schedule, pin its end: "
+                    f"optim.decay_steps={was['decay_steps']})"
+                )
+            raise ConfigError(
+                f"resuming {target} with a different learning-rate schedule: {changes}. Every "
+                f"lr from step {next_step} on would change. To keep the saved schedule, {keep}; "
+                f"to follow the new one from step {next_step}, pass "
+                f"trainer.allow_schedule_change=true"
+            )
+        follow_schedule_from(self.scheduler, self.state.step, current["lr"])
+        log.warning(
+            "trainer.allow_schedule_change: %s; the new schedule holds from step %d "
+            "(lr %.3e), as if the run had followed it from the start",
+            changes,
+            next_step,
+            self.scheduler.get_last_lr()[0],
+        )

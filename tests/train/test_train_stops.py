@@ -1,0 +1,69 @@
+"""How a run ends when it cannot go on: a full disk while saving (one line, exit 4, the partial
+checkpoint removed, the earlier ones intact), Ctrl-C (exit 130); and a run too short for the
+synthetic task's verdict still ends cleanly."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+import pytest
+from config_testing import compose
+from train_testing import TINY
+
+import flashtrain.train.trainer as trainer_module
+from flashtrain.file_integrity import HashingWriter
+from flashtrain.train import main, run
+from flashtrain.train.checkpoint import find_checkpoints, verify_checkpoint
+from flashtrain.train.entry import EXIT_INTERRUPTED, EXIT_NO_SPACE
+
+
+def test_a_full_disk_while_saving_is_one_line_and_exit_4(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    real_write = HashingWriter.write
+
+    def write(self, data):  # the disk fills while the second checkpoint is written
+        if ".step_000002.tmp" in str(self.raw.name):
+            real_write(self, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(self, data)
+
+    monkeypatch.setattr(HashingWriter, "write", write)
+    ckpt_dir = tmp_path / "ckpts"
+    cfg = compose(
+        TINY + ["trainer.max_steps=2", "trainer.ckpt_interval=1", f"trainer.ckpt_dir={ckpt_dir}"]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(cfg)
+    assert exit_info.value.code == EXIT_NO_SPACE
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "\n" not in errors[0], errors
+    assert f"no space left on the device writing checkpoint {ckpt_dir / 'step_000002'}" in errors[0]
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step_000001"]
+    verify_checkpoint(ckpt_dir / "step_000001")  # the earlier checkpoint intact
+
+
+def test_ctrl_c_exits_130(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    train_step = trainer_module.Trainer._train_step
+
+    def interrupted_step(self, preempt):
+        if self.step == 1:
+            raise KeyboardInterrupt
+        return train_step(self, preempt)
+
+    monkeypatch.setattr(trainer_module.Trainer, "_train_step", interrupted_step)
+    with pytest.raises(SystemExit) as exit_info:
+        main(compose(TINY + ["trainer.max_steps=3", "trainer.ckpt_interval=1"]))
+    assert exit_info.value.code == EXIT_INTERRUPTED
+    assert "interrupted (Ctrl-C)" in caplog.text
+
+
+def test_seq_len_1_trains_checkpoints_and_says_why_recall_cannot_be_measured(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="flashtrain")
+    cfg = compose(TINY + ["seq_len=1", "trainer.max_steps=2", "trainer.ckpt_interval=1"])
+    out = run(cfg, tmp_path / "run")
+    assert out["step"] == 2 and out["evals"]
+    assert [c.step for c in find_checkpoints(tmp_path / "run" / "checkpoints")] == [1, 2]
+    assert "at seq_len 1 no value has an earlier pair to recall" in caplog.text
