@@ -75,6 +75,12 @@ def test_dry_run_streams_every_section(dry_run):
     assert {(r["head_dim"], r["causal"], r["seqlen"]) for r in rows if not r["variant"]} == {
         (d, c, s) for d in (16, 32) for c in (False, True) for s in (64, 128)
     }
+    planned = sections["attention"]["planned"]  # targets' shapes, block-sparse, then the rest
+    assert planned[12:15] == [
+        "blocksparse flashtrain",
+        "blocksparse flex",
+        "blocksparse dense flashtrain",
+    ]
     targets = sections["attention"]["targets"]
     assert len(targets) == 8 and targets[0]["ratio"] > 0
     assert (out / sections["sweep"]["table_file"]).is_file()

@@ -173,14 +173,31 @@ def _dense_name(head_dim, causal, seqlen, method) -> str:
 
 
 def section_attention(suite: Suite, sec: Section) -> None:
+    """The targets' shapes first (hd128 full, hd64 causal), then block-sparse vs FlexAttention
+    (also a target), then the remaining head-dim / causal pairs."""
     z = suite.sizes
     order = [(d, c) for d, c in ATTENTION_ORDER if d in z.head_dims] or [
         (d, c) for d in z.head_dims for c in (False, True)
     ]  # the dry run's toy head dims: every pair
-    shapes = [(d, c, s) for d, c in order for s in z.seqlens]
+    targets, rest = order[:2], order[2:]
     sparse_names = ["blocksparse flashtrain", "blocksparse flex", "blocksparse dense flashtrain"]
-    sec.plan([_dense_name(*shape, m) for shape in shapes for m in ATTENTION_METHODS] + sparse_names)
-    for head_dim, causal, seqlen in shapes:
+    names = [
+        _dense_name(d, c, s, m) for d, c in targets for s in z.seqlens for m in ATTENTION_METHODS
+    ]
+    names += sparse_names
+    names += [
+        _dense_name(d, c, s, m) for d, c in rest for s in z.seqlens for m in ATTENTION_METHODS
+    ]
+    sec.plan(names)
+    dense_shapes(suite, sec, targets)
+    blocksparse(suite, sec, sparse_names)
+    dense_shapes(suite, sec, rest)
+
+
+def dense_shapes(suite: Suite, sec: Section, pairs) -> None:
+    """Ours and SDPA's FLASH and CUDNN backends at every length, for each (head_dim, causal)."""
+    z = suite.sizes
+    for head_dim, causal, seqlen in [(d, c, s) for d, c in pairs for s in z.seqlens]:
         names = [_dense_name(head_dim, causal, seqlen, m) for m in ATTENTION_METHODS]
         if sec.why_not():
             for name in names:
@@ -202,7 +219,6 @@ def section_attention(suite: Suite, sec: Section) -> None:
             if rows:
                 print(f"  {name}: fwd {rows[0]['ms']} ms, fwd+bwd {rows[1]['ms']} ms", flush=True)
         _free_cuda()
-    blocksparse(suite, sec, sparse_names)
 
 
 def blocksparse(suite: Suite, sec: Section, names: list[str]) -> None:

@@ -38,8 +38,8 @@ def _header(state: dict) -> list[str]:
         f"CUDA {env.get('cuda')}, commit {env.get('commit')}{DRY if env.get('dry_run') else ''}.",
     ]
     if env.get("missing_modules"):
-        lines += ["", f"Missing Python modules: {', '.join(env['missing_modules'])} "
-                  "(the sections that need them fail and say so)."]  # fmt: skip
+        lines += ["", f"Missing Python modules: {', '.join(env['missing_modules'])} (the "
+                  "sections that need them fail and say so; without matplotlib, no plots)."]  # fmt: skip
     lines += ["", "| section | status | measured | seconds |", "|---|---|---|---|"]
     for name, sec in state["sections"].items():
         done = sum(1 for v in sec.get("measured", {}).values() if v == "ok")
