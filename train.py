@@ -9,6 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from flashtrain.train import main as flashtrain_main
+from flashtrain.train import register_schemas
 from flashtrain.train.entry import config_errors_explained
 
 
@@ -18,5 +19,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_schemas()  # the typed schemas Hydra composes configs/ onto
     with config_errors_explained():
         main()

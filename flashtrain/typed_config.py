@@ -6,13 +6,14 @@ mapping (a Hydra DictConfig, a plain dict): `to_dataclass` merges the mapping in
 OmegaConf, so an unknown key, a wrong type or a missing required value fails here, naming the key
 and what is allowed, and the dataclass's __post_init__ checks the values. Groups with several
 schemas (model, attention, data) pick one by a discriminator key (`arch`, `impl`, `loader`) whose
-default each schema sets: `typed_group`.
+default each schema sets: `typed_group`, and a `Registry` derives such a group from the classes it
+builds (each carries its schema as `Config`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
@@ -102,6 +103,40 @@ def typed_group(cfg: Any, schemas: Mapping[str, type], *, key: str, what: str) -
             f"{_key(what, key)}={choice!r} belongs to {schema.__name__}, not {type(cfg).__name__}"
         )
     return to_dataclass(schema, cfg, what=what)
+
+
+class Registry:
+    """The buildable classes of one config group (models, data loaders, attention impls), each
+    carrying its schema as the class attribute `Config`, whose `key` field's default names it
+    (GPT2.Config.arch == "gpt2"). Every table is derived from the list of classes:
+
+        MODELS = Registry("arch", "model", [GPT2, Bert, SequenceClassifier])
+        MODELS.classes   # {"gpt2": GPT2, ...}: what a config builds
+        MODELS.configs   # {"gpt2": GPT2Config, ...}: the schemas (Hydra's ConfigStore, checks)
+        MODELS.config(cfg)   # a mapping or an instance -> its checked dataclass
+
+    A new entry is one more class in the list; the names must be unique.
+    """
+
+    def __init__(self, key: str, what: str, classes: Iterable[type]):
+        self.key, self.what = key, what
+        self.classes: dict[str, type] = {}
+        for cls in classes:
+            name = getattr(cls.Config, key)
+            if not name or name in self.classes:
+                raise ValueError(
+                    f"{cls.__name__}.Config.{key}={name!r}: a {what} needs its own non-empty {key}"
+                )
+            self.classes[name] = cls
+        self.configs: dict[str, type] = {name: c.Config for name, c in self.classes.items()}
+
+    def config(self, cfg: Any) -> Any:
+        """The checked dataclass of the entry `cfg[key]` names, from an instance or a mapping."""
+        return typed_group(cfg, self.configs, key=self.key, what=self.what)
+
+    def build_class(self, cfg: Any) -> type:
+        """The class a checked config (a dataclass instance) builds."""
+        return self.classes[getattr(cfg, self.key)]
 
 
 def check_choice(value: Any, allowed: tuple | list, key: str) -> None:

@@ -20,6 +20,18 @@ def allowed(rows, cols, seqlen_k, band):
 
 
 @triton.jit
+def finite_part(x, seen, PRECISION: tl.constexpr):
+    """For a tile of keys or values x (BLOCK_N, BLOCK_D) of which each query row sees only some
+    (`seen`, (BLOCK_M, BLOCK_N)): x with its NaN/inf entries zeroed, so that a row's p = 0 on an
+    entry it cannot see gives 0 and not NaN, and the bool (BLOCK_M, BLOCK_D) of where a row sees
+    a non-finite entry, to be set NaN. One extra small dot, on masked tiles only."""
+    finite = tl.abs(x.to(tl.float32)) < float("inf")  # False for NaN and +-inf
+    bad = tl.where(finite, 0.0, 1.0).to(x.dtype)
+    seen_bad = tl.dot(seen.to(x.dtype), bad, input_precision=PRECISION) > 0.0
+    return tl.where(finite, x, 0.0).to(x.dtype), seen_bad
+
+
+@triton.jit
 def key_block_range(m0, seqlen_k, band, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key range a query tile [m0, m0 + BLOCK_M) must visit, split for masking.
 

@@ -50,7 +50,8 @@ def locate_program(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, h
     b = pid_bh // heads
     q_start, seqlen_q = sequence_bounds(CU_SEQLENS_Q, b, seqlen_q_fixed, IS_VARLEN)
     k_start, seqlen_k = sequence_bounds(CU_SEQLENS_K, b, seqlen_k_fixed, IS_VARLEN)
-    return tile, b, pid_bh % heads, q_start, seqlen_q, k_start, seqlen_k
+    # the head as int64: head * head stride passes 2^31 in a head-major view of a long sequence
+    return tile, b, (pid_bh % heads).to(tl.int64), q_start, seqlen_q, k_start, seqlen_k
 
 
 def heavy_first(window_left: int, window_right: int) -> bool:
@@ -80,6 +81,15 @@ def rows_source(base, stride_row, n_rows, HEAD_DIM: tl.constexpr, BLOCK_R: tl.co
 
 
 @triton.jit
+def tile_pointers(base, start, stride_row, BLOCK_R: tl.constexpr, cols):
+    """Pointers (BLOCK_R, BLOCK_D) to rows [start, start + BLOCK_R) of a rows_source: the
+    tile's first row in int64 (start * stride_row passes 2^31 in a long sequence), the offsets
+    within the tile in int32 (BLOCK_R * stride_row < 2^31: the API's MAX_ROW_STRIDE)."""
+    first = base + start.to(tl.int64) * stride_row
+    return first + tl.arange(0, BLOCK_R)[:, None] * stride_row + cols[None, :]
+
+
+@triton.jit
 def load_rows(src, start, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
               BLOCK_D: tl.constexpr, TMA: tl.constexpr):
     """Rows [start, start + BLOCK_R) of a rows_source as a (BLOCK_R, BLOCK_D) tile, zero past
@@ -92,7 +102,7 @@ def load_rows(src, start, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R:
     else:
         rows = start + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
-        ptrs = handle + rows[:, None] * stride_row + cols[None, :]
+        ptrs = tile_pointers(handle, start, stride_row, BLOCK_R, cols)
         EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
         if MASKED:
             if EVEN_D:
@@ -121,7 +131,7 @@ def store_rows(src, start, tile, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
         mask = rows[:, None] < n_rows
         if HEAD_DIM != BLOCK_D:
             mask = mask & (cols[None, :] < HEAD_DIM)
-        tl.store(handle + rows[:, None] * stride_row + cols[None, :],
+        tl.store(tile_pointers(handle, start, stride_row, BLOCK_R, cols),
                  tile.to(handle.dtype.element_ty), mask=mask)
 
 

@@ -27,9 +27,10 @@ def head_seed(SEED, seed, b, h, heads_q, SEED_IN_MEMORY: tl.constexpr):
 def dropout_keep(seed_bh, rows, cols, seqlen_k, dropout_p):
     """Bool tile of kept probabilities: Philox keyed on seed_bh, counter row * seqlen_k + col.
 
-    The counter wraps modulo 2**32, which stays unique for seqlen_q * seqlen_k <= 2**32.
+    The counter is int64 (Philox takes its high word too), so it stays unique past
+    seqlen_q * seqlen_k = 2**32; below that it draws what an int32 counter drew.
     """
-    offsets = rows * seqlen_k + cols
+    offsets = rows.to(tl.int64) * seqlen_k + cols
     return tl.rand(seed_bh, offsets) >= dropout_p
 
 

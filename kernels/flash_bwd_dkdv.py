@@ -18,6 +18,7 @@ from flashtrain.kernels.common import (
     locate_program,
     rows_source,
     store_rows,
+    tile_pointers,
 )
 from flashtrain.kernels.dropout import dropout_keep, head_seed
 from flashtrain.kernels.scores import pending_scale, program_scores, tile_scores
@@ -50,7 +51,8 @@ def _dkdv_segment(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, off
                                          SOFTCAP, ALIBI)
         p_t = tl.math.exp2(qk_t * pending - lse[None, :])
         if MASKED:
-            p_t = tl.where(allowed(offs_m[None, :], offs_n[:, None], seqlen_k, band), p_t, 0.0)
+            seen_t = allowed(offs_m[None, :], offs_n[:, None], seqlen_k, band)
+            p_t = tl.where(seen_t, p_t, 0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M)
         if HAS_DROPOUT:
             seed_bh, dropout_p = dropout
@@ -64,11 +66,16 @@ def _dkdv_segment(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, off
         ds_t = p_t * (dp_t - delta[None, :])
         if SOFTCAP:  # through the cap: d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2
             ds_t = ds_t * (1.0 - capped_t * capped_t)
+        if MASKED:  # masked entries never contribute (a NaN of V through dp_t)
+            ds_t = tl.where(seen_t, ds_t, 0.0)
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
         if ATOMIC_DQ:  # 5 matmuls per tile instead of the dQ kernel's recomputation (7 in all)
             dq_base, stride_dqm = dq_acc
-            dq_part = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=PRECISION)  # (BLOCK_M, BLOCK_D)
-            dq_ptrs = dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :]
+            k_dq = k
+            if MASKED:  # nor a NaN of K a query row cannot see, as 0 * NaN in its dQ
+                k_dq = tl.where(tl.abs(k.to(tl.float32)) < float("inf"), k, 0.0).to(k.dtype)
+            dq_part = tl.dot(tl.trans(ds_t.to(k.dtype)), k_dq, input_precision=PRECISION)  # (BLOCK_M, BLOCK_D)
+            dq_ptrs = tile_pointers(dq_base, start_m, stride_dqm, BLOCK_M, offs_d)
             if MASKED:  # the rows and head dims of this query tile that exist
                 dq_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
                 tl.atomic_add(dq_ptrs, dq_part, mask=dq_mask, sem="relaxed")

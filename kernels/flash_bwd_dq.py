@@ -41,7 +41,8 @@ def _dq_segment(dq, q, do, lse, delta, k_src, v_src, offs_m, seqlen_k, band, sco
             qk, capped = tile_scores(qk, offs_m[:, None], offs_n[None, :], band[0], scores, SOFTCAP, ALIBI)
         p = tl.math.exp2(qk * pending - lse[:, None])
         if MASKED:
-            p = tl.where(allowed(offs_m[:, None], offs_n[None, :], seqlen_k, band), p, 0.0)
+            seen = allowed(offs_m[:, None], offs_n[None, :], seqlen_k, band)
+            p = tl.where(seen, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
         if HAS_DROPOUT:
             seed_bh, dropout_p = dropout
@@ -50,6 +51,9 @@ def _dq_segment(dq, q, do, lse, delta, k_src, v_src, offs_m, seqlen_k, band, sco
         ds = p * (dp - delta[:, None])
         if SOFTCAP:  # through the cap: d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2
             ds = ds * (1.0 - capped * capped)
+        if MASKED:  # masked entries never contribute: not a NaN of V through dp, nor of K below
+            ds = tl.where(seen, ds, 0.0)
+            k = tl.where(tl.abs(k.to(tl.float32)) < float("inf"), k, 0.0).to(k.dtype)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     return dq
 

@@ -12,7 +12,7 @@ partial ones masked and full ones not (flashtrain.kernels.visit_plan).
 import triton
 import triton.language as tl
 
-from flashtrain.kernels.band import allowed, key_block_range
+from flashtrain.kernels.band import allowed, finite_part, key_block_range
 from flashtrain.kernels.common import (
     LN2,
     dot_precision,
@@ -50,7 +50,8 @@ def _forward_segment(acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, sco
         if SOFTCAP or ALIBI:
             qk, _ = tile_scores(qk, offs_m[:, None], offs_n[None, :], band[0], scores, SOFTCAP, ALIBI)
         if MASKED:
-            qk = tl.where(allowed(offs_m[:, None], offs_n[None, :], seqlen_k, band), qk, float("-inf"))
+            seen = allowed(offs_m[:, None], offs_n[None, :], seqlen_k, band)
+            qk = tl.where(seen, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * pending)
         if MASKED:
             # A row with nothing allowed so far keeps m = -inf; shift by 0 to avoid inf - inf.
@@ -65,7 +66,11 @@ def _forward_segment(acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, sco
             seed_bh, dropout_p = dropout
             p = tl.where(dropout_keep(seed_bh, offs_m[:, None], offs_n[None, :], seqlen_k, dropout_p), p, 0.0)
         v = load_rows(v_src, start_n, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
+        if MASKED:  # masked entries never contribute, not even as 0 * NaN (docs/attention_semantics.md)
+            v, seen_bad = finite_part(v, seen, PRECISION)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        if MASKED:
+            acc = tl.where(seen_bad, float("nan"), acc)
         m_i = m_new
     return acc, l_i, m_i
 

@@ -29,12 +29,25 @@ class Layout:
         return [t.unsqueeze(0) if self.is_varlen else t for t in tensors]
 
 
+def check_index_table(name: str, table: torch.Tensor) -> None:
+    """The kernels read integer tables (cu_seqlens, block-sparse tables) with stride 1 along
+    their last dim: a strided view would be read wrong, so it is refused (the API copies)."""
+    if table.dtype != torch.int32 or (table.stride(-1) != 1 and table.numel() > 1):
+        raise ValueError(
+            f"{name} must be int32 with its last dim contiguous (stride 1), got {table.dtype} "
+            f"shape {tuple(table.shape)} strides {table.stride()}"
+        )
+
+
 def attention_layout(q, k, lse, cu_seqlens_q, cu_seqlens_k, *head_dim_last) -> Layout:
     """Check what the kernels assume (the op layer validates user input) and describe the call.
     head_dim_last: every tensor whose head_dim the kernels address with stride 1."""
     is_varlen = cu_seqlens_q is not None
     if is_varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen) or not at all")
+    if is_varlen:
+        check_index_table("cu_seqlens_q", cu_seqlens_q)
+        check_index_table("cu_seqlens_k", cu_seqlens_k)
     head_dim = q.shape[-1]
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim={head_dim} is not supported by the kernels: allowed 1..{MAX_HEAD_DIM}")
@@ -91,5 +104,7 @@ def sparse_args(tables: list[torch.Tensor] | None, placeholder: torch.Tensor):
     row); placeholders for a dense call."""
     if not tables:
         return (placeholder,) * 4, (0, 0, 0)
+    for name, table in zip(("partial_count", "partial_index", "full_count", "full_index"), tables):
+        check_index_table(f"block-sparse table {name}", table)
     partial_count, partial_index = tables[0], tables[1]
     return tuple(tables), table_strides(partial_count, partial_index, partial_count.shape[0] == 1)

@@ -16,8 +16,9 @@ def compose(overrides: list[str] | tuple[str, ...] = ()):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    import flashtrain.train  # noqa: F401  (registers the schemas and the config resolvers)
+    from flashtrain.train import register_schemas
 
+    register_schemas()
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return hydra_compose("train", overrides=list(overrides))
 

@@ -11,9 +11,9 @@ import math
 import torch
 
 from flashtrain.attention import attn_probs, validation
-from flashtrain.attention.block_layout import BlockSparseLayout
 from flashtrain.attention.ops import AttentionArgs, attention_forward
 from flashtrain.attention.reference import fold_window
+from flashtrain.attention.sparsity.layout import BlockSparseLayout
 
 
 def _last_dim_contiguous(*tensors: torch.Tensor):
@@ -34,7 +34,9 @@ def _attend(
     validation.check_dropout(dropout_p)
     validation.check_softcap(softcap)
     if packed:
-        validation.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
+        cu_seqlens_q, cu_seqlens_k = validation.check_cu_seqlens(
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k
+        )
         batch, heads_q = cu_seqlens_q.numel() - 1, q.shape[1]
         max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     else:
@@ -109,6 +111,10 @@ def flash_attn_func(
     for rows that see no key; lse carries no gradient); with return_attn_probs (out, lse,
     S_dmask), S_dmask (B, Hq, Sq, Sk) as flashtrain.attention.attn_probs describes (small
     sizes only).
+    Masked entries never contribute: out[i], lse[i] and dq[i] depend only on the keys and values
+    row i sees, so a NaN/inf in one it cannot see (causal, window) leaves it untouched; one it
+    sees makes out[i] non-finite. Limits: Sq, Sk <= 2^30 - 1; the stride between tokens of q,
+    k, v <= 2^23 - 1 elements (any contiguous tensor). docs/attention_semantics.md has the rules.
     """
     return _attend(**locals())  # every parameter, by its own name
 
@@ -134,11 +140,14 @@ def flash_attn_varlen_func(
 ):
     """Attention over packed sequences: q (total_q, Hq, D), k/v (total_k, Hkv, D).
 
-    Sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1] (int32 prefix sums) and attends only
-    within itself; options as flash_attn_func (window sides compared with max_seqlen_k, ALiBi
-    and causal alignment per sequence). Returns out (total_q, Hq, D), with return_lse also
-    lse (Hq, total_q) float32, with return_attn_probs (out, lse, S_dmask (B, Hq, max_seqlen_q,
-    max_seqlen_k)). The values of cu_seqlens are checked on CPU tensors, and on a GPU only with
+    Sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1] and attends only within itself; options
+    as flash_attn_func (window sides compared with max_seqlen_k, ALiBi and causal alignment per
+    sequence; the same masking rule and limits, max_seqlen <= 2^30 - 1). Returns out (total_q,
+    Hq, D), with return_lse also lse (Hq, total_q) float32, with return_attn_probs (out, lse,
+    S_dmask (B, Hq, max_seqlen_q, max_seqlen_k)).
+    cu_seqlens_q/k: 1-D int32 on q's device, B + 1 entries each, any stride (copied contiguous
+    for the kernels): 0, non-decreasing, ending at total_q/total_k; max_seqlen_q/k at least the
+    longest sequence. The values are checked on CPU tensors, and on a GPU only with
     FLASHTRAIN_CHECK_INPUTS=1 (reading them costs a host sync).
     """
     return _attend(**locals())  # every parameter, by its own name
@@ -165,8 +174,11 @@ def blocksparse_attn_func(
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D). block_mask: bool (Hm, ceil(Sq/bs), ceil(Sk/bs)),
     Hm 1 (shared) or Hq, or a BlockSparseLayout from flashtrain.attention.sparsity (whose
-    compiled tables are cached across calls; so are a raw mask's, while it lives unchanged).
-    Rows whose blocks are all empty return 0 with lse -inf and pass no gradient. The other
-    options and the return values are those of flash_attn_func.
+    compiled tables are cached across calls; it owns a copy of its mask). A raw CPU mask's tables
+    are cached by its contents, so an in-place edit, even through numpy or .data, is seen; a raw
+    GPU mask compiles its tables on each call (no host sync), so pass a layout there.
+    Rows whose blocks are all empty return 0 with lse -inf and pass no gradient; a NaN/inf in a
+    block a row's mask drops never reaches it. The other options, rules and return values are
+    those of flash_attn_func.
     """
     return _attend(window_size=(-1, -1), **locals())  # every parameter, by its own name

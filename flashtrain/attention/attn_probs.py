@@ -17,8 +17,8 @@ from dataclasses import replace
 import torch
 
 from flashtrain.attention import torch_path, torch_varlen
-from flashtrain.attention.backend import use_triton
 from flashtrain.attention.ops import AttentionArgs, torch_options
+from flashtrain.attention.route import route_for
 
 MAX_ELEMENTS = 1 << 24  # 64 MiB of float32
 
@@ -76,6 +76,8 @@ def attention_probs(args: AttentionArgs, seed: torch.Tensor, block_mask=None) ->
     if args.dropout_p == 0.0:
         return probs
     keep = (
-        _kernel_keep_mask(args, seed) if use_triton(args.q.device) else _torch_keep_mask(args, seed)
+        _kernel_keep_mask(args, seed)
+        if route_for(args.q.device) == "triton"
+        else _torch_keep_mask(args, seed)
     )
     return torch.where(allowed & ~keep, -probs, probs)

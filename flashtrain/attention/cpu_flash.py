@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 
-def eligible(q: torch.Tensor, k: torch.Tensor, opts) -> bool:
+def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts) -> bool:
     """opts: a torch_path.AttentionOptions (window folded, sides >= seqlen_k already -1)."""
     if (
         q.device.type != "cpu"
@@ -26,7 +26,9 @@ def eligible(q: torch.Tensor, k: torch.Tensor, opts) -> bool:
         return False
     dense = opts.window == (-1, -1)
     causal_square = opts.window == (-1, 0) and q.shape[1] == k.shape[1]
-    return dense or causal_square
+    # Its causal kernel lets a NaN/inf of V past the diagonal reach earlier rows (0 * NaN);
+    # masked entries never contribute (docs/attention_semantics.md): the chunked path keeps that.
+    return dense or (causal_square and bool(torch.isfinite(k).all() & torch.isfinite(v).all()))
 
 
 def _to_bhsd(x: torch.Tensor, group: int) -> torch.Tensor:

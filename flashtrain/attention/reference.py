@@ -102,20 +102,45 @@ def attention_scores(
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    window = fold_window(window_size, causal, seqlen_k)
+    keep = allowed_mask(seqlen_q, seqlen_k, window, device=q.device)
+    if element_mask is not None:
+        keep = keep & element_mask.to(torch.bool)
+    keep = keep.expand(batch, heads_q, seqlen_q, seqlen_k)
     k = k.repeat_interleave(heads_q // heads_kv, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale  # (B, H, Sq, Sk)
+    scores = _seen_scores(q, k, keep) * scale  # (B, H, Sq, Sk)
     if softcap > 0.0:
         scores = softcap * torch.tanh(scores / softcap)
     if alibi_slopes is not None:
         slopes = alibi_slopes.expand(batch, heads_q)[:, :, None, None]  # (B, H, 1, 1)
         distance = alibi_distance(seqlen_q, seqlen_k, device=q.device)  # (Sq, Sk), exact integers
         scores = scores - slopes.to(scores.dtype) * distance.to(scores.dtype)
-    window = fold_window(window_size, causal, seqlen_k)
-    keep = allowed_mask(seqlen_q, seqlen_k, window, device=q.device)
-    if element_mask is not None:
-        keep = keep & element_mask.to(torch.bool)
-    keep = keep.expand_as(scores)
     return scores.masked_fill(~keep, float("-inf")), keep
+
+
+# Masked entries never contribute (docs/attention_semantics.md). A plain einsum would multiply a
+# NaN or inf of K or V by 0 for the rows that cannot see it and make them NaN (in the output, or
+# in q's gradient), so with such a value the (row, key) products are formed one by one with the
+# key zeroed where the row cannot see it: (B, H, Sq, Sk, D) in memory, fine for test sizes.
+
+
+def _zeroed_where_unseen(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """x (B, Sk, H, D), keep (B, H, Sq, Sk) -> (B, H, Sq, Sk, D), 0 where keep is False."""
+    return torch.where(keep[..., None], x.permute(0, 2, 1, 3)[:, :, None], 0.0)
+
+
+def _seen_scores(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """q k^T (B, H, Sq, Sk) with q (B, Sq, H, D), k (B, Sk, H, D)."""
+    if bool(torch.isfinite(k).all()):
+        return torch.einsum("bqhd,bkhd->bhqk", q, k)
+    return (q.permute(0, 2, 1, 3)[:, :, :, None] * _zeroed_where_unseen(k, keep)).sum(-1)
+
+
+def _seen_values(probs: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """probs @ V (B, Sq, H, D) with probs (B, H, Sq, Sk), v (B, Sk, H, D)."""
+    if bool(torch.isfinite(v).all()):
+        return torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    return (probs[..., None] * _zeroed_where_unseen(v, keep)).sum(-2).permute(0, 2, 1, 3)
 
 
 def attention_reference(
@@ -161,5 +186,5 @@ def attention_reference(
     if dropout_mask is not None:
         probs = probs.masked_fill(~dropout_mask, 0.0) / (1.0 - dropout_p)
     v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
-    out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
+    out = _seen_values(probs.to(v.dtype), v, keep)
     return out.to(dtype_out), lse

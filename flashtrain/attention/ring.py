@@ -23,7 +23,7 @@ import torch.distributed as dist
 from flashtrain.attention import validation
 from flashtrain.attention.api import flash_attn_func
 from flashtrain.attention.ops import AttentionArgs, attention_backward
-from flashtrain.attention.ring_layout import chunks_per_rank, group_rank_and_size
+from flashtrain.attention.ring_sharding import chunks_per_rank, group_rank_and_size
 
 # P2P tags: gloo matches messages by tag, so a K/V block and a dK/dV block in flight between
 # the same two ranks cannot be confused (NCCL matches in posting order, the same on all ranks).
@@ -225,7 +225,7 @@ def ring_attn_func(
     without torch.distributed initialized, this process alone).
 
     q: (B, S_local, Hq, D), k, v: (B, S_local, Hkv, D), this rank's shard in `layout` (see
-    flashtrain.attention.ring_layout; shard_sequence makes one). Every rank of the group calls
+    flashtrain.attention.ring_sharding; shard_sequence makes one). Every rank of the group calls
     this with the same shapes. Returns this rank's shard of the output (B, S_local, Hq, D), and
     with return_lse also its lse (B, Hq, S_local) fp32; equal to flash_attn_func on the full
     sequence, sharded. Differentiable in q, k and v.

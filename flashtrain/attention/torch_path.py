@@ -100,8 +100,9 @@ def _chunk_allowed(opts: AttentionOptions, rows, cols, seqlen_q, seqlen_k, heads
 
 
 def _chunk_scores(qg, kf, opts: AttentionOptions, rows, cols, seqlen_q, seqlen_k):
-    """Scores (B, Hkv, G, r, c) float32 with disallowed entries at -inf, and the softcap's
-    derivative d(capped)/d(raw) for the backward (None without softcap)."""
+    """Scores (B, Hkv, G, r, c) float32 with disallowed entries at -inf, the softcap's
+    derivative d(capped)/d(raw) for the backward (None without softcap), and the bool mask of
+    allowed entries (broadcastable to the scores; None when all are allowed)."""
     s = torch.einsum("bhgqd,bhkd->bhgqk", qg[..., rows, :], kf[:, :, cols]) * opts.scale
     cap_grad = None
     if opts.softcap > 0.0:
@@ -115,7 +116,23 @@ def _chunk_scores(qg, kf, opts: AttentionOptions, rows, cols, seqlen_q, seqlen_k
     keep = _chunk_allowed(opts, rows, cols, seqlen_q, seqlen_k, kf.shape[1], s.device)
     if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
-    return s, cap_grad
+    return s, cap_grad, keep
+
+
+def _nonfinite(x: torch.Tensor) -> torch.Tensor | None:
+    """Bool like x where it holds NaN or +-inf; None when it holds none (the usual case: one
+    pass over x, against the chunks' S^2 work)."""
+    bad = ~torch.isfinite(x)
+    return bad if bool(bad.any()) else None
+
+
+def _seen_nonfinite(keep, scores_shape, v_bad_cols: torch.Tensor) -> torch.Tensor:
+    """Bool (B, Hkv, G, r, D): where a row may see a non-finite value of V (v_bad_cols
+    (B, Hkv, c, D)). Masked entries never contribute (docs/attention_semantics.md): V's
+    non-finite values are zeroed before p @ V, so a row with p = 0 there is not NaN, and
+    put back as NaN here for the rows that see them."""
+    seen = torch.ones(scores_shape) if keep is None else torch.broadcast_to(keep, scores_shape)
+    return torch.einsum("bhgqk,bhkd->bhgqd", seen.float(), v_bad_cols.float()) > 0
 
 
 def _softmax(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,19 +164,25 @@ def _prepare(q, k, v):
 
 def attention_forward(q, k, v, opts: AttentionOptions, seed: int = 0):
     """q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D) -> out like q, lse (B, Hq, Sq) float32."""
-    if cpu_flash.eligible(q, k, opts):
+    if cpu_flash.eligible(q, k, v, opts):
         return cpu_flash.forward(q, k, v, scale=opts.scale, window=opts.window)
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     qg, kf, vf = _prepare(q, k, v)
+    v_bad = _nonfinite(vf)  # (B, Hkv, Sk, D) or None
+    if v_bad is not None:
+        vf = vf.masked_fill(v_bad, 0.0)
     out = torch.empty_like(qg)
     lse = torch.empty(qg.shape[:-1], dtype=torch.float32, device=q.device)  # (B, Hkv, G, Sq)
     for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts):
-        s, _ = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
+        s, _, keep = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
         p, chunk_lse = _softmax(s)
         if opts.dropout_p > 0.0:
             keep = _keep_probs(seed, index, p.shape, opts.dropout_p, p.device)
             p = p * keep / (1.0 - opts.dropout_p)
         out[..., rows, :] = torch.einsum("bhgqk,bhkd->bhgqd", p, vf[:, :, cols])
+        if v_bad is not None:
+            seen_bad = _seen_nonfinite(keep, s.shape, v_bad[:, :, cols])
+            out[..., rows, :] = out[..., rows, :].masked_fill(seen_bad, float("nan"))
         lse[..., rows] = chunk_lse
     batch, heads_q = q.shape[0], q.shape[2]
     return _merge_heads(out).to(q.dtype), lse.reshape(batch, heads_q, seqlen_q)
@@ -167,7 +190,7 @@ def attention_forward(q, k, v, opts: AttentionOptions, seed: int = 0):
 
 def attention_backward(dout, q, k, v, out, lse, opts: AttentionOptions, seed: int = 0):
     """Gradients (dq, dk, dv) by recomputing each chunk's probabilities from lse."""
-    if cpu_flash.eligible(q, k, opts):
+    if cpu_flash.eligible(q, k, v, opts):
         return cpu_flash.backward(dout, q, k, v, out, lse, scale=opts.scale, window=opts.window)
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     heads_kv = k.shape[2]
@@ -175,11 +198,17 @@ def attention_backward(dout, q, k, v, out, lse, opts: AttentionOptions, seed: in
     dog = _split_heads(dout, heads_kv)
     delta = (dog * _split_heads(out, heads_kv)).sum(-1)  # (B, Hkv, G, Sq) = rowsum(dO * O)
     lse = lse.view(qg.shape[:-1])
+    # Masked entries never contribute: dp is NaN where V (or dO) is, so ds is masked below, and
+    # dQ multiplies ds = 0 by K, so K's non-finite values are zeroed for it (a row that sees
+    # one has ds = NaN there already). Only when there are any: one pass over each.
+    guard_ds = _nonfinite(vf) is not None or _nonfinite(dog) is not None
+    k_bad = _nonfinite(kf)
+    kf_dq = kf if k_bad is None else kf.masked_fill(k_bad, 0.0)
     dq = torch.empty_like(qg)
     dk = torch.zeros_like(kf)
     dv = torch.zeros_like(vf)
     for index, rows, cols in _chunks(seqlen_q, seqlen_k, opts):
-        s, cap_grad = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
+        s, cap_grad, keep = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
         chunk_lse = lse[..., rows]
         # Rows that saw no key get +inf so their probabilities (and gradients) are exactly 0.
         chunk_lse = chunk_lse.masked_fill(chunk_lse == float("-inf"), float("inf"))
@@ -196,7 +225,9 @@ def attention_backward(dout, q, k, v, out, lse, opts: AttentionOptions, seed: in
         ds = p * (dp - delta[..., rows, None])  # gradient of the final (capped, biased) scores
         if cap_grad is not None:
             ds = ds * cap_grad
-        dq[..., rows, :] = torch.einsum("bhgqk,bhkd->bhgqd", ds, kf[:, :, cols]) * opts.scale
+        if guard_ds and keep is not None:
+            ds = ds.masked_fill(~keep, 0.0)
+        dq[..., rows, :] = torch.einsum("bhgqk,bhkd->bhgqd", ds, kf_dq[:, :, cols]) * opts.scale
         dk[:, :, cols] += torch.einsum("bhgqk,bhgqd->bhkd", ds, qg[..., rows, :]) * opts.scale
     return (
         _merge_heads(dq).to(q.dtype),
@@ -229,7 +260,7 @@ def attention_probs(q, k, opts: AttentionOptions) -> tuple[torch.Tensor, torch.T
     probs = torch.zeros(*qg.shape[:-1], seqlen_k, dtype=torch.float32, device=q.device)
     allowed = torch.zeros(probs.shape, dtype=torch.bool, device=q.device)
     for _, rows, cols in _chunks(seqlen_q, seqlen_k, opts):
-        s, _ = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
+        s, _, _ = _chunk_scores(qg, kf, opts, rows, cols, seqlen_q, seqlen_k)
         probs[..., rows, cols] = _softmax(s)[0]
         allowed[..., rows, cols] = s > float("-inf")
     shape = (q.shape[0], q.shape[2], seqlen_q, seqlen_k)

@@ -10,6 +10,12 @@ import torch
 
 MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The kernels' int32 limits (offsets that can pass 2^31 are int64: batch, head, a tile's first
+# row, the dropout counter). Within a tile of up to 256 rows the offsets stay int32, so the seq
+# axis' stride must keep 256 rows under 2^31 elements (any contiguous tensor does: H * D < 2^23);
+# positions along a sequence plus the "unbounded" window sentinel (2^30) must stay under 2^31.
+MAX_ROW_STRIDE = 2**23 - 1
+MAX_SEQLEN = 2**30 - 1
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool = False) -> None:
@@ -48,6 +54,25 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool
         raise ValueError(
             f"heads_q={heads_q} must be a multiple of heads_kv={heads_kv} (MHA, GQA or MQA)"
         )
+    check_int32_limits(q, k, v, packed=packed)
+
+
+def check_int32_limits(q, k, v, *, packed: bool) -> None:
+    """Sizes and strides the kernels' int32 arithmetic covers (MAX_SEQLEN, MAX_ROW_STRIDE);
+    reads shapes and strides only, so meta tensors are checked too."""
+    seq_dim = 0 if packed else 1
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[seq_dim] > MAX_SEQLEN and not packed:
+            raise ValueError(
+                f"{name} has seqlen {t.shape[seq_dim]}; the kernels allow up to {MAX_SEQLEN} "
+                "(2^30 - 1) tokens per sequence"
+            )
+        if t.stride(seq_dim) > MAX_ROW_STRIDE and t.shape[seq_dim] > 1:
+            raise ValueError(
+                f"{name} has a stride of {t.stride(seq_dim)} elements between tokens; the kernels "
+                f"allow up to {MAX_ROW_STRIDE} (2^23 - 1: 256 rows of a tile within int32 "
+                "offsets). Pass .contiguous() (any contiguous layout qualifies)"
+            )
 
 
 def check_scale(softmax_scale: float | None) -> None:
@@ -106,25 +131,37 @@ def values_checked(device: torch.device) -> bool:
     return device.type == "cpu" or os.environ.get("FLASHTRAIN_CHECK_INPUTS", "0") == "1"
 
 
-def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
-    """Prefix sums: int32, 1-D, same length, start at 0, non-decreasing, end at total, and the
-    declared maxima cover every sequence (the kernels size their grid from them).
-    The value checks read the tensors, so they run only where values_checked says."""
+def index_table(t, name: str, device: torch.device, what: str) -> torch.Tensor:
+    """A 1-D int32 table the kernels index themselves (cu_seqlens and the like): checked for
+    type, dtype, rank and device, and returned contiguous: the kernels read entry b at
+    `table + b`, so a strided view (`cu[::2]`) would read the entries in between. Copying a
+    few integers costs nothing; refusing it would only move the copy into the user's code."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a 1-D int32 tensor of {what}, got {got}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    return t.contiguous()
+
+
+def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k):
+    """Prefix sums: int32, 1-D, on q's device, same length, start at 0, non-decreasing, end at
+    total, and the declared maxima cover every sequence (the kernels size their grid from them).
+    Returns (cu_q, cu_k) contiguous (index_table). The value checks read the tensors, so they
+    run only where values_checked says."""
+    cu_q = index_table(cu_q, "cu_seqlens_q", q.device, "prefix sums")
+    cu_k = index_table(cu_k, "cu_seqlens_k", q.device, "prefix sums")
     for name, cu, total, max_len in (
         ("cu_seqlens_q", cu_q, q.shape[0], max_seqlen_q),
         ("cu_seqlens_k", cu_k, k.shape[0], max_seqlen_k),
     ):
-        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-            got = (
-                f"{cu.dtype} {tuple(cu.shape)}"
-                if isinstance(cu, torch.Tensor)
-                else type(cu).__name__
-            )
-            raise ValueError(f"{name} must be a 1-D int32 tensor of prefix sums, got {got}")
         if cu.numel() < 2:
             raise ValueError(f"{name} needs at least 2 entries (batch + 1), got {cu.numel()}")
-        if cu.device != q.device:
-            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+        name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
+        if int(max_len) > MAX_SEQLEN:
+            raise ValueError(
+                f"{name_max}={max_len} is over the kernels' {MAX_SEQLEN} (2^30 - 1) per sequence"
+            )
         if not values_checked(cu.device):
             continue
         values = cu.cpu()
@@ -137,7 +174,6 @@ def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
             raise ValueError(f"{name}[-1]={int(values[-1])} must equal the packed length {total}")
         longest = int(lengths.max()) if lengths.numel() else 0
         if int(max_len) < longest:
-            name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
             raise ValueError(
                 f"{name_max}={max_len} is smaller than the longest sequence ({longest})"
             )
@@ -145,11 +181,12 @@ def check_cu_seqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k, q, k) -> None:
         raise ValueError(
             f"cu_seqlens_q has {cu_q.numel()} entries and cu_seqlens_k {cu_k.numel()}: one per sequence + 1"
         )
+    return cu_q, cu_k
 
 
 def check_block_mask(block_mask, block_size: int, q: torch.Tensor, k: torch.Tensor):
     """A bool (Hm, ceil(Sq/bs), ceil(Sk/bs)) mask or a BlockSparseLayout -> the layout."""
-    from flashtrain.attention.block_layout import (
+    from flashtrain.attention.sparsity.layout import (
         SUPPORTED_BLOCK_SIZES,
         BlockSparseLayout,
         layout_for_mask,

@@ -1,12 +1,13 @@
 """The data configs: the schemas of configs/data/*.yaml, one dataclass per loader.
 
-`loader` picks the loader (synthetic | lm_corpus | mlm | pathfinder | long_doc) and so the
-dataclass; each YAML keeps only what differs from its defaults. Every config names the data
-(`name`: messages and cache folders) and says how many token ids it produces (`vocab_size`: the
-model's embedding, through ${data.vocab_size}); classification data also its `num_classes`.
+`loader` picks the loader (synthetic | lm_corpus | mlm | pathfinder | long_doc: registry.py maps it
+to the DataModule class, which carries its dataclass as `Config`) and so the dataclass; each YAML
+keeps only what differs from its defaults. Every config names the data (`name`: messages and
+cache folders) and says how many token ids it produces (`vocab_size`: the model's embedding,
+through ${data.vocab_size}); classification data also its `num_classes`.
 How much is evaluated is the trainer's `trainer.eval_batches` (build_data's eval_batches).
 
-    cfg = data_config({"loader": "lm_corpus", "data_files": "corpus/*.txt"})   # or a DictConfig
+    cfg = data_config({"loader": "lm_corpus", "data_files": "corpus/*.txt"})  # registry.py
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flashtrain.data.tokenization import TOKENIZER_KINDS
-from flashtrain.typed_config import check_choice, typed_group
+from flashtrain.typed_config import check_choice
 
 DEFAULT_CACHE_ROOT = "data_cache"
 CORPUS_SOURCES = (
@@ -28,7 +29,7 @@ CORPUS_SOURCES = (
 
 @dataclass
 class DataConfig:
-    loader: str = ""  # the key of DATA_CONFIGS
+    loader: str = ""  # the loader's key in registry.DATA
     name: str = ""  # the data's name: messages, cache folder names
 
 
@@ -144,7 +145,7 @@ class LongDocConfig(CorpusConfig):
 
 @dataclass
 class PathfinderConfig(CachedDataConfig):
-    """Pathfinder images generated once and cached (flashtrain/data/pathfinder*.py)."""
+    """Pathfinder images generated once and cached (flashtrain/data/pathfinder/)."""
 
     loader: str = "pathfinder"
     name: str = "pathfinder"
@@ -162,17 +163,6 @@ class PathfinderConfig(CachedDataConfig):
                 "Pathfinder images have 256 pixel values and 2 classes: data.vocab_size=256, "
                 f"data.num_classes=2; got {self.vocab_size}, {self.num_classes}"
             )
-
-
-DATA_CONFIGS: dict[str, type[DataConfig]] = {
-    cls.loader: cls
-    for cls in (SyntheticConfig, LMCorpusConfig, MLMConfig, LongDocConfig, PathfinderConfig)
-}
-
-
-def data_config(cfg: Any) -> DataConfig:
-    """The config of the loader `cfg.loader` names, from an instance or a mapping."""
-    return typed_group(cfg, DATA_CONFIGS, key="loader", what="data")
 
 
 def cache_root(cfg: CachedDataConfig) -> Path:

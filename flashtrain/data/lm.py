@@ -12,7 +12,7 @@ import torch
 
 from flashtrain.data.config import LMCorpusConfig, cache_root, check_vocab_size
 from flashtrain.data.corpus import open_corpus, prepared_summary
-from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
+from flashtrain.data.module import DataModule, DataRun, EvalBatches, SampledDataModule, eval_items
 from flashtrain.data.packing import document_fields
 from flashtrain.data.sampling import EpochSampler, epoch_rng
 from flashtrain.data.tokenization import build_tokenizer
@@ -62,6 +62,17 @@ def fixed_windows(
 class TokenCacheLM(SampledDataModule):
     """task 'lm' over a prepared token cache (see corpus.py); eos_id and the document starts
     (`doc_starts` of each split) are exposed for packed / varlen training."""
+
+    Config = LMCorpusConfig  # its schema (configs/data/*.yaml with loader: lm_corpus)
+
+    @classmethod
+    def for_config(cls, cfg: LMCorpusConfig) -> type[DataModule]:
+        """data.streaming: true reads and tokenizes on the fly instead (lm_stream.py)."""
+        if cfg.streaming:
+            from flashtrain.data.lm_stream import StreamingLM  # it builds on this module
+
+            return StreamingLM
+        return cls
 
     task = "lm"
     num_classes = None

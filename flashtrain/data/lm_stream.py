@@ -26,6 +26,8 @@ _DOCS_PER_READ = 64  # documents tokenized together
 
 
 class StreamingLM(DataModule):
+    Config = LMCorpusConfig  # loader: lm_corpus with streaming: true (TokenCacheLM.for_config)
+
     task = "lm"
     num_classes = None
 

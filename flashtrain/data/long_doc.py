@@ -57,6 +57,8 @@ def cut_examples(
 
 
 class LongDocClassification(SampledDataModule):
+    Config = LongDocConfig  # its schema (configs/data/*.yaml with loader: long_doc)
+
     task = "classification"
     pads_sequences = True  # documents shorter than seq_len are padded
 

@@ -26,7 +26,7 @@ import torch
 
 from flashtrain.data.config import MLMConfig, cache_root, check_vocab_size
 from flashtrain.data.corpus import open_corpus, prepared_summary
-from flashtrain.data.masking import mask_tokens
+from flashtrain.data.mlm_corruption import mask_tokens
 from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
 from flashtrain.data.sampling import EpochSampler
 from flashtrain.data.tokenization import build_tokenizer
@@ -61,6 +61,8 @@ def document_pieces(doc_starts: np.ndarray, max_tokens: int) -> tuple[np.ndarray
 
 
 class MaskedLM(SampledDataModule):
+    Config = MLMConfig  # its schema (configs/data/*.yaml with loader: mlm)
+
     task = "mlm"
     num_classes = None
     pads_sequences = True  # short instances are padded to seq_len

@@ -40,9 +40,13 @@ class DataModule:
     loss_verdict(eval_loss): None, or a sentence saying what a final eval loss shows.
     prepare(cfg): the one-off work (tokenizing, generating) before any run; what it made.
 
-    Constructed as cls(cfg, run): cfg the loader's dataclass from flashtrain.data.config, run a
-    DataRun, whose fields become attributes of the module.
+    Constructed as cls(cfg, run): cfg the loader's dataclass from flashtrain.data.config (the
+    class attribute `Config`, whose `loader` default is the key in registry.LOADERS), run a
+    DataRun, whose fields become attributes of the module. for_config(cfg): the class that runs
+    a config (itself, unless a flag such as data.streaming picks another).
     """
+
+    Config: type
 
     task: str
     vocab_size: int
@@ -52,6 +56,10 @@ class DataModule:
     def __init__(self, run: DataRun):
         self.seq_len, self.micro_batch_size, self.seed = run.seq_len, run.micro_batch_size, run.seed
         self.rank, self.world_size, self.eval_batches = run.rank, run.world_size, run.eval_batches
+
+    @classmethod
+    def for_config(cls, cfg) -> type[DataModule]:
+        return cls
 
     @classmethod
     def prepare(cls, cfg, *, progress: bool = True) -> dict:

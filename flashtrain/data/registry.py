@@ -1,35 +1,43 @@
-"""build_data / prepare_data: from a data config (configs/data/<name>.yaml) to a DataModule."""
+"""The loaders `data.loader` picks, and build_data / prepare_data: from a data config
+(configs/data/<name>.yaml) to a DataModule.
+
+Each loader class carries its config dataclass (flashtrain/data/config.py) as `Config`, whose
+`loader` default is its key; the tables are derived from DATA, so a new loader is its file (the
+DataModule and its Config), one entry below and a configs/data/<name>.yaml.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from flashtrain.data.config import CorpusConfig, DataConfig, LMCorpusConfig, data_config
+from flashtrain.data.config import CorpusConfig, DataConfig
 from flashtrain.data.corpus import require_source
 from flashtrain.data.lm import TokenCacheLM
-from flashtrain.data.lm_stream import StreamingLM
 from flashtrain.data.long_doc import LongDocClassification
 from flashtrain.data.mlm import MaskedLM
 from flashtrain.data.module import DataModule, DataRun
-from flashtrain.data.pathfinder_data import PathfinderClassification
+from flashtrain.data.pathfinder.dataset import PathfinderClassification
 from flashtrain.data.synthetic import AssociativeRecall
+from flashtrain.typed_config import Registry
 
-# data.loader -> the DataModule it builds (an LM corpus with streaming: true streams instead)
-LOADERS: dict[str, type[DataModule]] = {
-    "synthetic": AssociativeRecall,
-    "lm_corpus": TokenCacheLM,
-    "mlm": MaskedLM,
-    "pathfinder": PathfinderClassification,
-    "long_doc": LongDocClassification,
-}
+DATA = Registry(
+    "loader",
+    "data",
+    [AssociativeRecall, TokenCacheLM, MaskedLM, PathfinderClassification, LongDocClassification],
+)
+LOADERS: dict[str, type[DataModule]] = DATA.classes
+DATA_CONFIGS: dict[str, type[DataConfig]] = DATA.configs
+
+
+def data_config(cfg: Any) -> DataConfig:
+    """The config of the loader `cfg.loader` names, from an instance or a mapping."""
+    return DATA.config(cfg)
 
 
 def _loader(cfg: DataConfig) -> type[DataModule]:
     if isinstance(cfg, CorpusConfig):
         require_source(cfg)  # before any tokenizer or cache work: the first error to name
-    if isinstance(cfg, LMCorpusConfig) and cfg.streaming:
-        return StreamingLM
-    return LOADERS[cfg.loader]
+    return DATA.build_class(cfg).for_config(cfg)
 
 
 def build_data(

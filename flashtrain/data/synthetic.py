@@ -47,6 +47,8 @@ def recall_optimal_loss(seq_len: int, num_keys: int, num_values: int) -> float:
 
 
 class AssociativeRecall(DataModule):
+    Config = SyntheticConfig  # its schema (configs/data/*.yaml with loader: synthetic)
+
     task = "lm"
     num_classes = None
 

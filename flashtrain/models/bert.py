@@ -35,6 +35,8 @@ from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_
 class Bert(TransformerModel):
     """forward(input_ids, labels, attention_mask=None, token_type_ids=None) -> ModelOutput."""
 
+    Config = BertConfig  # its schema (configs/model/*.yaml with arch: bert)
+
     causal = False
     position_tables = {"position_embeddings.weight": "1d"}
 

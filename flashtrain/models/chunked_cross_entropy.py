@@ -9,7 +9,8 @@ the summed loss with respect to the hidden states, the head's weight and bias ri
 nothing of size (tokens, vocab) outlives its chunk and the backward pass only rescales the saved
 gradients. Peak extra memory: about 2 * chunk_size * vocab * 4 bytes plus one weight-sized
 float32 gradient. Semantics (ignore_index, label smoothing, z-loss) as in
-flashtrain/kernels/linear_cross_entropy.py.
+flashtrain/kernels/linear_cross_entropy.py; a logit softcap (Gemma 2's final_logit_softcapping)
+only here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class LossOptions:
     ignore_index: int = -100
     label_smoothing: float = 0.0
     z_loss: float = 0.0
+    logit_softcap: float = 0.0  # > 0: logits z -> cap * tanh(z / cap) before the softmax
 
 
 def _acc_dtype(t: torch.Tensor) -> torch.dtype:
@@ -37,6 +39,8 @@ def _chunk_loss(h, w, b, y, opts: LossOptions, with_hits: bool):
     logits = (h @ w.t()).to(_acc_dtype(h))  # (c, V)
     if b is not None:
         logits += b.to(logits.dtype)
+    if opts.logit_softcap > 0.0:
+        logits = torch.tanh(logits.div_(opts.logit_softcap)).mul_(opts.logit_softcap)
     lse = torch.logsumexp(logits, dim=-1)  # (c,)
     keep = y != opts.ignore_index
     y_safe = torch.where(keep, y, 0)
@@ -52,7 +56,10 @@ def _chunk_loss(h, w, b, y, opts: LossOptions, with_hits: bool):
 
 
 def _logit_grads_(logits, lse, keep, y_safe, opts: LossOptions) -> torch.Tensor:
-    """d (summed loss) / d logits, computed in place over the logits; ignored rows are 0."""
+    """d (summed loss) / d logits, computed in place over the logits; ignored rows are 0.
+    With a logit softcap: d / d (logits before the cap), through tanh' = 1 - (z / cap)^2."""
+    cap = opts.logit_softcap
+    slope = 1.0 - (logits / cap).square() if cap > 0.0 else None  # (c, V)
     # exp(z - inf) = 0 zeroes the softmax of ignored rows without another pass over the chunk
     g = logits.sub_(torch.where(keep, lse, torch.inf)[:, None]).exp_()  # (c, V)
     if opts.z_loss > 0.0:
@@ -62,7 +69,7 @@ def _logit_grads_(logits, lse, keep, y_safe, opts: LossOptions) -> torch.Tensor:
         g.sub_(((eps / g.shape[1]) * keep.to(g.dtype))[:, None])
     rows = torch.arange(y_safe.shape[0], device=y_safe.device)
     g[rows, y_safe] -= (1.0 - eps) * keep.to(g.dtype)
-    return g
+    return g if slope is None else g.mul_(slope)
 
 
 def _chunked(hidden, weight, bias, targets, chunk_size, compute_dtype, opts, with_hits, with_grads):

@@ -28,6 +28,8 @@ from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_
 class SequenceClassifier(TransformerModel):
     """forward(input_ids, labels, attention_mask=None) -> ModelOutput with logits (B, classes)."""
 
+    Config = ClassifierConfig  # its schema (configs/model/*.yaml with arch: classifier)
+
     def __init__(self, config: ClassifierConfig, attention="flash"):
         super().__init__(config, attention)
         if config.pooling == "cls" and self.attn_op.splits_sequence:

@@ -1,19 +1,18 @@
 """The model configs: the schemas of configs/model/*.yaml, one dataclass per architecture.
 
-`arch` picks the architecture (gpt2 | bert | classifier); each dataclass's defaults are the
-original model's (GPT-2 small, BERT-base, the LRA-size Path-X classifier), so a size file names
+`arch` picks the architecture (gpt2 | bert | classifier; registry.py maps it to the model class,
+which carries its dataclass as `Config`); each dataclass's defaults are the original model's (GPT-2 small, BERT-base, the LRA-size Path-X classifier), so a size file names
 only what differs. Values are checked here, at start-up, with errors that say what is allowed.
 
-    cfg = model_config({"arch": "gpt2", "n_layer": 2})     # or a DictConfig, or an instance
+    cfg = flashtrain.models.model_config({"arch": "gpt2", "n_layer": 2})   # or a DictConfig
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from flashtrain.typed_config import check_choice, typed_group
+from flashtrain.typed_config import check_choice
 
 # the LM head's loss implementations (flashtrain.models.loss): auto = fused on CUDA, chunked elsewhere
 LOSS_IMPLS = ("auto", "fused", "chunked")
@@ -27,7 +26,7 @@ POSITION_RESIZE_MODES = ("interpolate", "copy")
 class TransformerConfig:
     """Fields every architecture has; the subclasses below set their own defaults."""
 
-    arch: str = ""  # gpt2 | bert | classifier: the key of MODEL_CONFIGS
+    arch: str = ""  # gpt2 | bert | classifier | llama: the model's key in registry.MODELS
     n_layer: int = 12
     n_head: int = 12
     d_model: int = 768
@@ -41,7 +40,7 @@ class TransformerConfig:
     activation: str = "gelu_tanh"  # gelu | gelu_tanh
     recompute: str = "none"  # none | all | every_k (torch.utils.checkpoint, non-reentrant)
     recompute_every: int = 1  # every_k: blocks 0, k, 2k, ... are recomputed
-    init_from: str | None = None  # checkpoint to start from (positions resized if shorter)
+    init_from: str | None = None  # checkpoint to start from (positions resized); hf:PATH_OR_ID
     init_positions: str = "interpolate"  # interpolate | copy: how init_from's positions resize
 
     def __post_init__(self):
@@ -173,13 +172,3 @@ class ClassifierConfig(TransformerConfig):
     @property
     def image_size(self) -> int:
         return math.isqrt(self.max_seq_len)
-
-
-MODEL_CONFIGS: dict[str, type[TransformerConfig]] = {
-    cls.arch: cls for cls in (GPT2Config, BertConfig, ClassifierConfig)
-}
-
-
-def model_config(cfg: Any) -> TransformerConfig:
-    """The config of the architecture `cfg.arch` names, from an instance or a mapping."""
-    return typed_group(cfg, MODEL_CONFIGS, key="arch", what="model")

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from flashtrain.models.attention import AttentionContext
+from flashtrain.models.attention_layers import AttentionContext
 from flashtrain.models.config import GPT2Config
 from flashtrain.models.loss import token_loss
 from flashtrain.models.positions import rotary_tables, token_positions
@@ -31,6 +31,8 @@ from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_
 
 class GPT2(TransformerModel):
     """Causal language model. forward(input_ids, labels) -> ModelOutput."""
+
+    Config = GPT2Config  # its schema (configs/model/*.yaml with arch: gpt2)
 
     causal = True
 

@@ -62,6 +62,8 @@ def _check_head_inputs(hidden, weight, targets, bias, chunk_size, opts: LossOpti
         raise ValueError(f"label_smoothing must be in [0, 1], got {opts.label_smoothing}")
     if not (math.isfinite(opts.z_loss) and opts.z_loss >= 0.0):
         raise ValueError(f"z_loss must be a finite coefficient >= 0, got {opts.z_loss}")
+    if not (math.isfinite(opts.logit_softcap) and opts.logit_softcap >= 0.0):
+        raise ValueError(f"logit_softcap must be >= 0 (0 = off), got {opts.logit_softcap}")
     if not values_checked(targets.device):
         return  # on a GPU reading the labels is a host sync: the kernel's NaN loss reports them
     counted = targets != opts.ignore_index
@@ -84,6 +86,7 @@ def linear_cross_entropy(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
+    logit_softcap: float = 0.0,
     compute_hits: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """sum over counted tokens of CE(hidden_i @ weight.T + bias, targets_i), and argmax hits.
@@ -92,11 +95,17 @@ def linear_cross_entropy(
     Returns (loss_sum float32 scalar (float64 for float64 inputs, chunked only), hits int64
     scalar, or None when compute_hits=False). Differentiable in hidden, weight, bias.
     Under autocast the products run in the autocast dtype, the softmax in float32.
+    logit_softcap > 0 caps the logits z as cap * tanh(z / cap) (chunked only: "auto" picks it,
+    "fused" is refused).
     """
-    opts = LossOptions(ignore_index, float(label_smoothing), float(z_loss))
+    opts = LossOptions(ignore_index, float(label_smoothing), float(z_loss), float(logit_softcap))
     _check_head_inputs(hidden, weight, targets, bias, chunk_size, opts)
     cd = _compute_dtype(hidden)
     fused = resolve_loss_impl(impl, hidden.device) == "fused"
+    if fused and opts.logit_softcap > 0.0:
+        if impl == "fused":
+            raise ValueError("the fused loss has no logit softcap; use impl chunked (or auto)")
+        fused = False
     run = fused_linear_cross_entropy if fused else chunked_linear_cross_entropy
     kwargs = dict(chunk_size=chunk_size, compute_dtype=cd, opts=opts, with_hits=compute_hits)
     return run(hidden, weight, targets, bias, **kwargs)
@@ -113,6 +122,7 @@ def token_loss(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
+    logit_softcap: float = 0.0,
     compute_hits: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Mean CE over the labelled tokens. hidden (B, T, C) or (N, C), labels (B, T) or (N,) with
@@ -133,6 +143,7 @@ def token_loss(
         ignore_index=ignore_index,
         label_smoothing=label_smoothing,
         z_loss=z_loss,
+        logit_softcap=logit_softcap,
         compute_hits=compute_hits,
     )
     num = (labels != ignore_index).sum()

@@ -1,6 +1,6 @@
 """The transformer block every model here is built from, and what the models share.
 
-Block: LayerNorm, multi-head self-attention (the configured attention backend), LayerNorm, MLP, residuals;
+Block: LayerNorm, multi-head self-attention (the configured attention impl), LayerNorm, MLP, residuals;
 pre-LayerNorm (GPT-2, the classifier) or post-LayerNorm (BERT). A block takes hidden states either
 padded (B, T, C) or packed (N, C) (the real tokens of a padded batch, for the varlen kernel): every
 layer but attention is per token, and attention reads the layout from the AttentionContext.
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from flashtrain.models.attention import Attention, AttentionContext, build_attention
+from flashtrain.models.attention_layers import Attention, AttentionContext, build_attention
 from flashtrain.models.config import TransformerConfig
 from flashtrain.models.positions import apply_rotary, resize_position_tables
 from flashtrain.models.qkv import split_qkv_projection
@@ -107,7 +107,7 @@ class TransformerModel(nn.Module):
     def __init__(self, config: TransformerConfig, attention):
         super().__init__()
         self.config = config
-        self.attn_op = build_attention(attention)  # one backend object shared by every block
+        self.attn_op = build_attention(attention)  # one impl object shared by every block
         self.attn_op.check_model(config)
 
     def add_blocks(self, norm: str) -> None:
@@ -122,12 +122,18 @@ class TransformerModel(nn.Module):
         self.initialize()
 
     def initialize(self) -> None:
-        """Fresh weights (init_weights), then model.init_from's checkpoint if one is configured.
+        """Fresh weights (init_weights), then model.init_from's checkpoint if one is configured
+        (a torch state dict or trainer checkpoint file, or hf:PATH_OR_ID: flashtrain.hf).
 
         Runs at construction; a model built under `torch.device("meta")` runs it after
         `to_empty(device=...)` (FSDP2-style deferred init)."""
         self.init_weights()
-        if self.config.init_from:
+        if self.config.init_from and self.config.init_from.startswith("hf:"):
+            from flashtrain.hf.init_from import hf_init_state  # transformers-format weights
+
+            state = hf_init_state(self.config.init_from, self)
+            self.load_state_dict_extended(state, mode=self.config.init_positions)
+        elif self.config.init_from:
             state = torch.load(self.config.init_from, map_location="cpu", weights_only=True)
             if isinstance(state, dict) and isinstance(state.get("model"), dict):
                 state = state["model"]  # a trainer checkpoint
@@ -159,7 +165,7 @@ class TransformerModel(nn.Module):
     def pack_padded(self, x: torch.Tensor, attention_mask: torch.Tensor | None, **ctx_kwargs):
         """Hidden states x (B, T, C) of a possibly padded batch as the blocks take them:
         (x_in, ctx, restore), restore(y) giving (B, T, C) with zeros at padding, so every
-        attention backend returns the same hidden states (Attention.padded_context)."""
+        attention impl returns the same hidden states (Attention.padded_context)."""
         if attention_mask is None or bool(attention_mask.all()):
             return x, AttentionContext(**ctx_kwargs), lambda y: y
         mask = attention_mask.to(torch.bool)  # (B, T), True = real token

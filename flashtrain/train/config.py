@@ -16,10 +16,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from flashtrain.attention.ring_layout import LAYOUTS
-from flashtrain.data.config import DataConfig, data_config
-from flashtrain.models.attention import AttentionConfig, attention_config
-from flashtrain.models.config import TransformerConfig, model_config
+from flashtrain.attention.ring_sharding import LAYOUTS
+from flashtrain.data.config import DataConfig
+from flashtrain.data.registry import data_config
+from flashtrain.models import TransformerConfig, model_config
+from flashtrain.models.attention_layers import AttentionConfig, attention_config
 from flashtrain.typed_config import ConfigError, check_choice, to_dataclass
 
 STRATEGIES = ("auto", "single", "ddp", "fsdp")  # auto: ddp under torchrun, else single
@@ -71,7 +72,7 @@ class TrainerConfig:
     keep_last: int = 3  # checkpoints kept on disk (0 = keep all)
     ckpt_dir: str | None = None  # null = <run dir>/checkpoints
     resume: str | None = None  # null | auto (newest in ckpt_dir, if any) | <checkpoint or folder>
-    allow_schedule_change: bool = False  # resume although the lr schedule changed (README)
+    allow_schedule_change: bool = False  # resume across an lr schedule change (docs/training.md)
     allow_unverified_checkpoint: bool = False  # resume from a checkpoint without checksums
     wait_for_lock: bool = False  # ckpt_dir in use by another run: wait for it (false: refuse)
     on_nonfinite: str = "stop"  # NaN/inf loss: stop (naming the step) | skip (drop the update)
@@ -180,7 +181,7 @@ class TrainConfig:
     micro_batch_size: int = 8  # sequences per device per forward/backward
     # Groups with several schemas: each holds the dataclass its discriminator picks.
     model: Any = None  # flashtrain.models.config (arch)
-    attention: Any = None  # flashtrain.models.attention (impl)
+    attention: Any = None  # flashtrain.models.attention_layers (impl)
     data: Any = None  # flashtrain.data.config (loader)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flashtrain.attention.ring_layout import check_sequence_length, shard_positions, take_shard
+from flashtrain.attention.ring_sharding import check_sequence_length, shard_positions, take_shard
 from flashtrain.data.module import DataModule
 from flashtrain.data.registry import LOADERS
 from flashtrain.models import RingAttention, build_model
@@ -47,7 +47,7 @@ class ContextParallel:
     its own data-parallel group, and every method here leaves things as they are."""
 
     size: int = 1  # ranks per sequence
-    layout: str = "zigzag"  # how a sequence is split (flashtrain.attention.ring_layout)
+    layout: str = "zigzag"  # how a sequence is split (flashtrain.attention.ring_sharding)
     rank: int = 0  # this rank's index in its group
     dp_rank: int = 0  # its group's index
     dp_size: int = 1  # the number of groups

@@ -6,8 +6,9 @@ measured float32 matmul rate times CPU_STEP_EFFICIENCY.
 
 from __future__ import annotations
 
-from flashtrain.train.metrics import format_count, format_duration
+from flashtrain.train.metrics import format_duration
 from flashtrain.typed_config import ConfigError
+from flashtrain.utils import format_count
 
 # Fraction of a plain float32 matmul's speed a whole training step reaches on a CPU (for the
 # time-per-step estimate only; roughly 0.5 for small GPT-2s on a 2-core x86 machine).

@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -129,24 +128,3 @@ def build_loggers(
             )
         )
     return Loggers(sinks)
-
-
-def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
-    """The commit of the code being run (with `-dirty` when the tree has changes), or None."""
-    where = cwd or Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5
-        )
-        if sha.returncode != 0:
-            return None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None

@@ -12,7 +12,8 @@ import os
 import sys
 from typing import Any
 
-from flashtrain.train.metrics import format_count, format_duration, peak_memory_gib
+from flashtrain.train.metrics import format_duration, peak_memory_gib
+from flashtrain.utils import format_count
 
 log = logging.getLogger("flashtrain")
 

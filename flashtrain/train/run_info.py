@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from flashtrain.train.loggers import git_commit
+from flashtrain.utils import git_commit
 
 RUN_INFO_FILE = "run.json"
 

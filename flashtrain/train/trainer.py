@@ -51,12 +51,11 @@ from flashtrain.train.errors import from_config
 from flashtrain.train.evaluation import evaluate_model
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
 from flashtrain.train.interval import IntervalStats
-from flashtrain.train.loggers import Loggers, build_loggers, git_commit
+from flashtrain.train.loggers import Loggers, build_loggers
 from flashtrain.train.metrics import (
     PeakFlops,
     Throughput,
     device_peak_flops,
-    format_count,
     format_duration,
     measure_matmul_flops,
     memory_metrics,
@@ -67,6 +66,7 @@ from flashtrain.train.progress import Progress, format_metrics
 from flashtrain.train.run_info import write_run_info
 from flashtrain.train.run_lock import CheckpointDirBusy, RunLock
 from flashtrain.train.run_state import RunCheckpoints, RunState
+from flashtrain.utils import format_count, git_commit
 
 log = logging.getLogger("flashtrain")
 

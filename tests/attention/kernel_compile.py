@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
-from flashtrain.attention.block_layout import BlockSparseLayout
+from flashtrain.attention.sparsity.layout import BlockSparseLayout
 from flashtrain.kernels import tuning
 from flashtrain.kernels.common import UNBOUNDED
 from flashtrain.kernels.dropout_mask import dropout_keep_mask

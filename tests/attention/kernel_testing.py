@@ -59,7 +59,7 @@ def run_kernels(
     left, right = kernel_window(window, causal)
     tables = None
     if block_mask is not None:
-        from flashtrain.attention.block_layout import BlockSparseLayout
+        from flashtrain.attention.sparsity.layout import BlockSparseLayout
 
         layout = BlockSparseLayout(block_mask, block_size)
         tables = layout.tables(max_q, max_k, causal, q.device).as_list()

@@ -27,7 +27,7 @@ from attention_testing import (
 )
 
 from flashtrain.attention import flash_attn_func, ring_attn_func
-from flashtrain.attention.ring_layout import take_shard
+from flashtrain.attention.ring_sharding import take_shard
 
 TIMEOUT = datetime.timedelta(seconds=180)
 PRELOAD = [

@@ -121,7 +121,7 @@ def test_cu_seqlens_must_be_int32():
         flash_attn_varlen_func(q, k, v, cu, cu, 6, 6)
 
 
-def test_unknown_cpu_backend(monkeypatch):
+def test_unknown_cpu_route(monkeypatch):
     monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "cuda-please")
     with pytest.raises(ValueError, match="allowed: auto, triton, torch"):
         flash_attn_func(*qkv())

@@ -33,7 +33,7 @@ def _random_mask(heads, seqlen_q, seqlen_k, block_size, density, generator):
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 def test_matches_dense_reference_with_expanded_mask(
-    backend, seqlen_q, seqlen_k, heads_q, heads_kv, mask_heads, causal, block_size, dtype
+    route, seqlen_q, seqlen_k, heads_q, heads_kv, mask_heads, causal, block_size, dtype
 ):
     gen = torch.Generator().manual_seed(seqlen_q + seqlen_k + mask_heads)
     torch.manual_seed(seqlen_q * 3 + block_size)
@@ -60,7 +60,7 @@ def test_matches_dense_reference_with_expanded_mask(
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_all_ones_layout_equals_dense(backend, causal):
+def test_all_ones_layout_equals_dense(route, causal):
     torch.manual_seed(1)
     q, k, v = random_qkv(1, 130, 130, 1, 1, 16, torch.float32)
     dout = torch.randn_like(q)
@@ -81,7 +81,7 @@ def test_all_ones_layout_equals_dense(backend, causal):
         torch.testing.assert_close(s, d, atol=2e-6, rtol=1e-5)
 
 
-def test_dropout_composes_with_sparsity(backend):
+def test_dropout_composes_with_sparsity(route):
     """With dropout, the same seed reproduces, and masked blocks stay exactly unattended."""
     torch.manual_seed(2)
     q, k, v = random_qkv(1, 128, 128, 2, 2, 16, torch.float32)
@@ -210,8 +210,12 @@ def test_backends_agree_on_sparse_causal():
 
 @pytest.mark.single_route
 def test_raw_mask_tables_are_compiled_once_while_the_mask_is_unchanged():
-    """A raw mask passed call after call reuses its compiled tables (no per-call table build or
-    host-to-device copy on a GPU); changing the mask in place recompiles them."""
+    """A raw mask passed call after call reuses its compiled tables (no per-call table build);
+    changing the mask in place recompiles them. The cache keys on the contents, so an equal
+    mask in another tensor shares them, and the cache keeps no mask tensor alive."""
+    import gc
+    import weakref
+
     from flashtrain.attention.validation import check_block_mask
 
     q = torch.zeros(1, 256, 2, 16)
@@ -223,12 +227,47 @@ def test_raw_mask_tables_are_compiled_once_while_the_mask_is_unchanged():
     mask[0, 0, 1] = False
     changed = check_block_mask(mask, 128, q, q)
     assert changed is not first and not changed.block_mask[0, 0, 1]
-    assert check_block_mask(mask.clone(), 128, q, q) is not changed  # another tensor
-    import gc
-
-    from flashtrain.attention import block_layout
-
-    mask_id = id(mask)
-    del mask, first, again, changed
+    assert check_block_mask(mask.clone(), 128, q, q) is changed  # equal contents
+    assert check_block_mask(mask, 64, torch.zeros(1, 128, 2, 16), q[:, :128]) is not changed
+    alive = weakref.ref(mask)
+    del mask
     gc.collect()
-    assert mask_id not in block_layout._LAYOUTS_OF_MASKS  # the cache keeps no mask alive
+    assert alive() is None
+
+
+def _edit_through_numpy(mask, arr):
+    arr[0, 1, 0] = False
+
+
+def _edit_through_data(mask, arr):
+    mask.data[0, 1, 0] = False
+
+
+@pytest.mark.parametrize("edit", [_edit_through_numpy, _edit_through_data], ids=["numpy", "data"])
+def test_mask_edited_outside_torch_is_not_stale(route, edit):
+    """Issue 25.3: an edit torch's version counter does not see (numpy after from_numpy, .data)
+    must still change the answer: the cached layout is keyed on the mask's contents."""
+    np = pytest.importorskip("numpy")
+    arr = np.ones((1, 2, 2), dtype=bool)
+    mask = torch.from_numpy(arr)
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 128, 2, 16) for _ in range(3))
+    before = blocksparse_attn_func(q, k, v, mask, block_size=64)
+    version = mask._version
+    edit(mask, arr)
+    assert mask._version == version  # invisible to torch: the case this test is about
+    assert not bool(mask[0, 1, 0])
+    after = blocksparse_attn_func(q, k, v, mask, block_size=64)
+    fresh = blocksparse_attn_func(q, k, v, sparsity.BlockSparseLayout(mask.clone(), 64))  # uncached
+    torch.testing.assert_close(after, fresh, atol=0, rtol=0)
+    assert (after - before).abs().max() > 0.1  # row block 1 lost a key block
+
+
+@pytest.mark.single_route
+def test_layout_owns_a_copy_of_its_mask():
+    """Editing the tensor a layout was built from leaves the layout (and its tables) as built."""
+    mask = torch.ones(1, 2, 2, dtype=torch.bool)
+    layout = sparsity.BlockSparseLayout(mask, 64)
+    tables = layout.tables(128, 128, False, "cpu")
+    mask[0, 1, 0] = False
+    assert bool(layout.block_mask.all()) and tables.blocks_visited() == 4

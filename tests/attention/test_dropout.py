@@ -19,7 +19,7 @@ def _observed_keep_mask(dropout_p, heads=4, seqlen_q=96, seqlen_k=64):
 
 
 @pytest.mark.parametrize("dropout_p", [0.1, 0.5])
-def test_keep_rate_and_rescaling(backend, dropout_p):
+def test_keep_rate_and_rescaling(route, dropout_p):
     torch.manual_seed(0)
     scaled = _observed_keep_mask(dropout_p)
     # Every entry is exactly 0 (dropped) or 1 (kept and rescaled by 1 / (1 - p)).
@@ -31,7 +31,7 @@ def test_keep_rate_and_rescaling(backend, dropout_p):
     assert abs(kept.mean().item() - (1 - dropout_p)) < 5 * sigma
 
 
-def test_same_seed_same_output_and_new_calls_new_masks(backend):
+def test_same_seed_same_output_and_new_calls_new_masks(route):
     q, k, v = (torch.randn(1, 40, 2, 16) for _ in range(3))
     torch.manual_seed(7)
     first = flash_attn_func(q, k, v, dropout_p=0.2)
@@ -43,7 +43,7 @@ def test_same_seed_same_output_and_new_calls_new_masks(backend):
     assert torch.equal(flash_attn_func(q, k, v), flash_attn_func(q, k, v, dropout_p=0.0))
 
 
-def test_mean_over_seeds_converges_to_no_dropout(backend):
+def test_mean_over_seeds_converges_to_no_dropout(route):
     torch.manual_seed(1)
     q, k, v = (torch.randn(1, 16, 1, 16) for _ in range(3))
     exact = flash_attn_func(q, k, v, causal=True)
@@ -58,7 +58,7 @@ def test_mean_over_seeds_converges_to_no_dropout(backend):
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_backward_is_the_gradient_of_the_forward_that_ran(backend, varlen):
+def test_backward_is_the_gradient_of_the_forward_that_ran(route, varlen):
     """Directional derivative by central differences with the seed fixed, in float32."""
     torch.manual_seed(2)
     q, k, v = (torch.randn(1, 24, 2, 16, dtype=torch.float32, requires_grad=True) for _ in range(3))

@@ -21,8 +21,8 @@ def test_aten_route_takes_only_nonempty_float32_calls():
     """The eligibility rule itself (the in-process tests below would kill pytest if it broke)."""
 
     def eligible(sq, sk, dtype=torch.float32, opts=DENSE):
-        q, k = torch.empty(1, sq, 2, 16, dtype=dtype), torch.empty(1, sk, 2, 16, dtype=dtype)
-        return cpu_flash.eligible(q, k, opts)
+        q, k = torch.zeros(1, sq, 2, 16, dtype=dtype), torch.zeros(1, sk, 2, 16, dtype=dtype)
+        return cpu_flash.eligible(q, k, k, opts)
 
     assert eligible(8, 8) and eligible(8, 8, opts=AttentionOptions(scale=0.25, window=(-1, 0)))
     assert not eligible(0, 8) and not eligible(8, 0) and not eligible(0, 0)

@@ -131,8 +131,8 @@ def test_attn_probs_without_dropout_are_the_probabilities(causal):
     assert not torch.signbit(s_dmask).any()
 
 
-def _skip_without_kernel_keep_mask(backend):
-    if backend == "triton" and not KERNEL_KEEP_MASK:
+def _skip_without_kernel_keep_mask(route):
+    if route == "triton" and not KERNEL_KEEP_MASK:
         pytest.skip("this build's kernels have no flashtrain.kernels.dropout_mask yet")
 
 
@@ -147,8 +147,8 @@ def _check_dropout_probs(out, s_dmask, v, dropout_p, allowed):
     assert abs(_dropped_fraction(s_dmask, allowed) - dropout_p) < 5 * sigma
 
 
-def test_attn_probs_carry_the_dropout_that_ran(backend):
-    _skip_without_kernel_keep_mask(backend)
+def test_attn_probs_carry_the_dropout_that_ran(route):
+    _skip_without_kernel_keep_mask(route)
     torch.manual_seed(3)
     q, k, v = random_qkv(2, 40, 33, 4, 2, 16, torch.float32)
     torch.manual_seed(11)
@@ -161,9 +161,9 @@ def test_attn_probs_carry_the_dropout_that_ran(backend):
     assert torch.equal(s_dmask[~allowed], torch.zeros_like(s_dmask[~allowed]))
 
 
-def test_attn_probs_varlen_layout(backend):
+def test_attn_probs_varlen_layout(route):
     """(B, H, max_seqlen_q, max_seqlen_k), sequence i in the top-left corner of entry i."""
-    _skip_without_kernel_keep_mask(backend)
+    _skip_without_kernel_keep_mask(route)
     torch.manual_seed(4)
     lens = [9, 0, 14]
     cu = torch.tensor([0, 9, 9, 23], dtype=torch.int32)
@@ -187,7 +187,7 @@ def test_attn_probs_varlen_layout(backend):
     assert torch.equal(s_dmask[~allowed], torch.zeros_like(s_dmask[~allowed]))
 
 
-def test_attn_probs_blocksparse(backend):
+def test_attn_probs_blocksparse(route):
     torch.manual_seed(5)
     q, k, v = random_qkv(1, 100, 100, 2, 2, 16, torch.float32)
     mask = torch.tensor([[[True, False], [True, True]]])

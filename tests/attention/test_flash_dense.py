@@ -31,7 +31,7 @@ SHAPES = [
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-def test_matches_float64_reference(backend, shape, causal, dtype):
+def test_matches_float64_reference(route, shape, causal, dtype):
     torch.manual_seed(hash((shape, causal, str(dtype))) % 2**31)
     q, k, v = random_qkv(*shape, dtype)
     dout = torch.randn_like(q)
@@ -56,7 +56,7 @@ def test_every_supported_head_dim(head_dim):
     assert_matches_reference(got, truth, low, torch.float32)
 
 
-def test_softmax_scale_and_strided_inputs(backend):
+def test_softmax_scale_and_strided_inputs(route):
     torch.manual_seed(3)
     # (B, H, S, D) storage viewed as (B, S, H, D): non-contiguous along seq and heads.
     q, k, v = (torch.randn(2, 3, 41, 32).transpose(1, 2) for _ in range(3))
@@ -69,7 +69,7 @@ def test_softmax_scale_and_strided_inputs(backend):
     assert_matches_reference(got, truth, low, torch.float32)
 
 
-def test_rows_without_keys_are_zero_with_no_gradient(backend):
+def test_rows_without_keys_are_zero_with_no_gradient(route):
     torch.manual_seed(4)
     q, k, v = random_qkv(1, 9, 4, 2, 2, 16, torch.float32)  # causal: rows 0..4 see nothing
     q.requires_grad_()
@@ -92,7 +92,7 @@ def test_backward_is_deterministic():
 
 
 @pytest.mark.single_route
-def test_backends_agree():
+def test_routes_agree():
     """The PyTorch path and the kernels compute the same function (not only each near the truth)."""
     torch.manual_seed(6)
     q, k, v = random_qkv(1, 50, 50, 2, 1, 32, torch.float32)

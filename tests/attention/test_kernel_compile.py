@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
+
 SCRIPT = Path(__file__).with_name("kernel_compile.py")
 REPO = SCRIPT.parents[2]
 # 6 deterministic attention launches (forward, preprocess, dK/dV, dQ), 5 with the atomic-dQ

@@ -8,6 +8,8 @@ from kernel_testing import check_kernels_against_definition, cu_seqlens, run_ker
 
 from flashtrain.kernels.dropout_mask import dropout_keep_mask
 
+pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
+
 
 def _qkv(shape_q, shape_k, dtype=torch.float32, seed=0):
     gen = torch.Generator().manual_seed(seed)

@@ -2,7 +2,11 @@
 (the heaviest first); every other band keeps (tiles, batch * heads). The kernels' results under
 both orders are what the other kernel tests check (their causal cases run the reversed grid)."""
 
+import pytest
+
 from flashtrain.kernels.common import UNBOUNDED, heavy_first, tile_grid
+
+pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
 
 
 def test_heavy_first_only_for_causal_like_bands():

@@ -5,6 +5,8 @@ import pytest
 import torch
 from kernel_testing import check_kernels_against_definition, cu_seqlens, run_kernels
 
+pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
+
 
 def _qkv(shape_q, shape_k, dtype, seed):
     gen = torch.Generator().manual_seed(seed)

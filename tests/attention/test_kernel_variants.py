@@ -13,6 +13,8 @@ from flashtrain.kernels import tma, tuning
 from flashtrain.kernels.dropout_mask import dropout_keep_mask
 from flashtrain.kernels.tuning import TileConfig
 
+pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
+
 
 def _qkv(shape_q, shape_k, dtype, seed):
     gen = torch.Generator().manual_seed(seed)

@@ -21,7 +21,7 @@ def _cu(lengths):
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-def test_equals_each_sequence_alone(backend, lens_q, lens_k, causal, window, dtype):
+def test_equals_each_sequence_alone(route, lens_q, lens_k, causal, window, dtype):
     torch.manual_seed(sum(lens_q))
     heads_q, heads_kv, head_dim = 4, 2, 32
     q = torch.randn(sum(lens_q), heads_q, head_dim, dtype=dtype)
@@ -63,7 +63,7 @@ def test_equals_each_sequence_alone(backend, lens_q, lens_k, causal, window, dty
         assert torch.equal(dk[cu_k[i] : cu_k[i + 1]], torch.zeros_like(dk[cu_k[i] : cu_k[i + 1]]))
 
 
-def test_varlen_against_float64_reference(backend):
+def test_varlen_against_float64_reference(route):
     """Independent of flash_attn_func: each sequence against the float64 definition."""
     torch.manual_seed(11)
     lens = [13, 38, 7]
@@ -88,7 +88,7 @@ def test_varlen_against_float64_reference(backend):
         assert_matches_reference(got, truth, low, torch.float32)
 
 
-def test_unpad_pad_round_trip_and_padding_is_ignored(backend):
+def test_unpad_pad_round_trip_and_padding_is_ignored(route):
     torch.manual_seed(12)
     batch, seqlen, heads, head_dim = 3, 20, 2, 16
     mask = torch.zeros(batch, seqlen, dtype=torch.bool)

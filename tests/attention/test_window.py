@@ -23,7 +23,7 @@ from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
         (81, 81, (40, 10), True),  # causal wins over the right side
     ],
 )
-def test_window_matches_reference(backend, seqlen_q, seqlen_k, window, causal):
+def test_window_matches_reference(route, seqlen_q, seqlen_k, window, causal):
     torch.manual_seed(seqlen_q * 7 + window[0])
     q, k, v = random_qkv(1, seqlen_q, seqlen_k, 2, 1, 32, torch.float32)
     dout = torch.randn_like(q)

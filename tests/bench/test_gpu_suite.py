@@ -1,99 +1,212 @@
-"""scripts/gpu_suite.py end to end on CPU (--dry-run): every section runs at toy sizes and writes
-its results, so the script cannot meet a GPU with a typo; --resume, --sections and the budget."""
+"""The GPU suite (flashtrain.lab.gpu_suite) end to end on CPU with --dry-run: every section runs at
+toy sizes and streams its measurements into --out (flat, at most 8 files), a SIGINT mid-run
+leaves a valid record of what finished, a missing wheel fails only the section that needs it and
+says so, the budget skips what does not fit, and the pytest section keeps its log and junit."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from flashtrain.lab.gpu_suite import cli
+from flashtrain.lab.gpu_suite.record import Record
+from flashtrain.lab.gpu_suite.summary import derive, summary_markdown
+
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ["correctness", "peaks", "attention", "sweep", "training", "long"]
 
 
-def suite(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env["FLASHTRAIN_CPU_ATTENTION"] = "torch"  # the CPU path: the interpreter is for kernel tests
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    cmd = [sys.executable, str(REPO / "scripts" / "gpu_suite.py"), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+def state(out: Path) -> dict:
+    return json.loads((out / "suite.json").read_text())
+
+
+def assert_flat_and_few(out: Path) -> None:
+    """What comes back from a GPU call: at most 8 files, no deeper than OUT/a/file, no temporaries."""
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8, files
+    assert all(len(p.relative_to(out).parts) <= 2 for p in files), files
+    assert not [p for p in files if p.name.endswith(".tmp")], files
+
+
+@pytest.fixture
+def cpu_route(monkeypatch):
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")  # the interpreter is for kernel tests
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("suite")
-    res = suite("--dry-run", "--out", str(out))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return out
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    try:
+        code = cli.main(["--dry-run", "--out", str(out)])
+    finally:
+        mp.undo()
+    return out, code
 
 
-def test_dry_run_writes_every_section(dry_run):
-    state = json.loads((dry_run / "suite.json").read_text())
-    assert list(state["sections"]) == SECTIONS
-    for name, sec in state["sections"].items():
+def test_dry_run_streams_every_section(dry_run):
+    out, code = dry_run
+    record = state(out)
+    assert code == 0, {n: s["status"] for n, s in record["sections"].items()}
+    assert list(record["sections"]) == list(cli.DEFAULT)  # the order of value
+    for name, sec in record["sections"].items():
         assert sec["status"] == "done", (name, sec.get("traceback", sec["status"]))
-    env = state["runs"][-1]
-    for key in ("device", "torch", "triton", "cuda", "commit"):
+        assert set(sec["measured"]) == set(sec["planned"]) and sec["planned"], name
+    env = record["runs"][-1]
+    for key in ("device", "driver", "torch", "triton", "cuda", "commit", "missing_modules"):
         assert key in env
-    sections = state["sections"]
-    assert sections["correctness"]["passed"] and len(sections["correctness"]["rows"]) >= 17
-    assert (
-        sections["peaks"]["matmul_peak_tflops"] > 0 and sections["peaks"]["copy_bandwidth_gbs"] > 0
-    )
-    methods = {r["method"] for r in sections["attention"]["rows"]}
-    assert {"flashtrain", "sdpa_flash_attention", "sdpa_cudnn_attention", "flex"} <= methods
-    assert len(sections["attention"]["targets"]) == 8
-    assert (dry_run / sections["sweep"]["table_file"]).is_file()
-    runs = sections["training"]["runs"]
-    assert {(r["attention"], r["compile"]) for r in runs} == {
-        ("flash", False),
-        ("sdpa", False),
-        ("flash", True),
+    sections = record["sections"]
+    assert len(sections["correctness"]["rows"]) == 11 and sections["correctness"]["passed"]
+    kinds = {(r["kind"], r["deterministic"]) for r in sections["correctness"]["rows"]}
+    assert {("gqa", False), ("varlen", False), ("blocksparse", False), ("varlen", True)} <= kinds
+    peaks = {k: v for r in sections["peaks"]["rows"] for k, v in r.items()}
+    assert peaks["matmul_peak_tflops"] > 0 and peaks["copy_bandwidth_gbs"] > 0
+    rows = sections["attention"]["rows"]
+    assert {r["method"] for r in rows} == {"flashtrain", "sdpa_flash_attention",
+                                           "sdpa_cudnn_attention", "flex"}  # fmt: skip
+    assert {(r["head_dim"], r["causal"], r["seqlen"]) for r in rows if not r["variant"]} == {
+        (d, c, s) for d in (16, 32) for c in (False, True) for s in (64, 128)
     }
+    planned = sections["attention"]["planned"]  # targets' shapes, block-sparse, then the rest
+    assert planned[12:15] == [
+        "blocksparse flashtrain",
+        "blocksparse flex",
+        "blocksparse dense flashtrain",
+    ]
+    targets = sections["attention"]["targets"]
+    assert len(targets) == 8 and targets[0]["ratio"] > 0
+    assert (out / sections["sweep"]["table_file"]).is_file()
+    runs = sections["training"]["rows"]
+    assert [r["attention"] for r in runs] == ["flash", "sdpa"]
     assert all(r["tokens_per_s"] > 0 and r["step_split_ms"]["matmul"] > 0 for r in runs)
-    assert {r["mode"] for r in sections["long"]["rows"]} == {"fwd", "bwd", "fwd_bwd"}
-    summary = (dry_run / "summary.md").read_text()
-    for piece in (
-        "DRY RUN",
-        "Correctness: ",
-        "Targets (issue 12)",
-        "Tile sweep",
-        "GPT-2 training",
-        "Long",
-    ):
+    assert {(r["causal"], r["mode"]) for r in sections["long"]["rows"]} == {
+        (c, m) for c in (True, False) for m in ("fwd", "bwd", "fwd_bwd")
+    }
+    summary = (out / "summary.md").read_text()
+    for piece in ("DRY RUN", "Correctness: 11/11", "Targets (issue 12)", "Tile sweep",
+                  "GPT-2 training", "Long sequence", "| attention | done | 27/27 |"):  # fmt: skip
         assert piece in summary, piece
-    for png in ("attention-tflops.png", "attention-fwd-tflops.png", "training-tokens-per-s.png"):
-        assert (dry_run / png).stat().st_size > 1000, png
+    assert (out / "attention-fwd-bwd.png").stat().st_size > 1000
+    assert_flat_and_few(out)
 
 
-def test_resume_keeps_finished_sections_and_budget_skips(dry_run):
-    before = json.loads((dry_run / "suite.json").read_text())["sections"]
-    res = suite("--dry-run", "--out", str(dry_run), "--resume", "--sections", "peaks", "long")
-    assert res.returncode == 0, res.stderr[-2000:]
-    after = json.loads((dry_run / "suite.json").read_text())
-    assert after["sections"] == before  # done sections are not run again, none is lost
-    assert len(after["runs"]) == 2
-    res = suite("--dry-run", "--out", str(dry_run), "--sections", "long", "--budget-min", "0.001")
-    assert res.returncode == 0, res.stderr[-2000:]
-    sections = json.loads((dry_run / "suite.json").read_text())["sections"]
-    assert sections["long"]["status"].startswith("skipped: budget")
-    assert sections["training"] == before["training"]
+def test_every_measurement_is_on_disk_before_the_next_starts(tmp_path):
+    record = Record(tmp_path, 60.0, summary_markdown, derive)
+    record.state["runs"].append({"dry_run": True})
+    sec = record.section("peaks")
+    sec.plan(["first", "second", "third"])
+    sec.measure("first", lambda: {"matmul_peak_tflops": 1.5})
+    seen = []
+    sec.measure("second", lambda: seen.append(state(tmp_path)) or {"copy_bandwidth_gbs": 2.0})
+    assert seen[0]["sections"]["peaks"]["measured"] == {"first": "ok"}
+    assert "bf16 matmul 1.5 TFLOP/s" in (tmp_path / "summary.md").read_text()
+
+    def broken():
+        raise RuntimeError("no such backend")
+
+    assert sec.measure("third", broken) is None
+    status = sec.finish()
+    assert status == "failed: 1 of 3 failed (first: third: RuntimeError: no such backend)"
+    assert state(tmp_path)["sections"]["peaks"]["status"] == status
+
+
+def test_sigterm_stops_at_the_next_measurement(tmp_path):
+    """The handler's effect, in this process: the measurement in flight ends, the next is
+    skipped with the signal's name, and the section says so."""
+    record = Record(tmp_path, 60.0, summary_markdown, derive)
+    record.state["runs"].append({"dry_run": True})
+    sec = record.section("peaks")
+    sec.plan(["first", "second"])
+    stop = lambda: record._on_signal(signal.SIGTERM, None) or {"matmul_peak_tflops": 1.0}  # noqa: E731
+    sec.measure("first", stop)
+    sec.measure("second", lambda: pytest.fail("started after the stop"))
+    assert sec.finish() == "incomplete: 1 of 2 measured (stopped by SIGTERM)"
+    measured = state(tmp_path)["sections"]["peaks"]["measured"]
+    assert measured == {"first": "ok", "second": "skipped: stopped by SIGTERM"}
+
+
+def test_sigint_mid_run_keeps_what_finished(tmp_path):
+    """SIGINT while the training section runs: the measurement in flight finishes, nothing else
+    starts, and suite.json holds every finished measurement; exit 130."""
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
+    env["FLASHTRAIN_CPU_ATTENTION"] = "torch"
+    cmd = [sys.executable, "-m", "flashtrain.lab.gpu_suite.cli", "--dry-run", "--out",
+           str(tmp_path), "--sections", "correctness", "training", "long"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            path = tmp_path / "suite.json"
+            if path.is_file() and "training" in state(tmp_path)["sections"]:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the suite ended before the signal"
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=120)[0].decode()
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output[-3000:]
+    sections = state(tmp_path)["sections"]
+    assert sections["correctness"]["status"] == "done"
+    assert len(sections["correctness"]["rows"]) == 11
+    training = sections["training"]
+    assert (
+        training["status"].startswith("incomplete: ") and "stopped by SIGINT" in training["status"]
+    )
+    finished = [n for n, s in training["measured"].items() if s == "ok"]
+    assert len(training["rows"]) == len(finished) < 2
+    assert sections["long"]["status"] == "not started: stopped by SIGINT"
+    assert "| training | incomplete" in (tmp_path / "summary.md").read_text()
+    assert_flat_and_few(tmp_path)
+
+
+def test_missing_wheel_fails_only_its_section(tmp_path, monkeypatch, cpu_route, capsys):
+    monkeypatch.setitem(sys.modules, "hydra", None)  # as on the GPU image without the wheels
+    code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "peaks", "training"])
+    assert code == 1
+    assert "[suite] missing: hydra: carry their wheels" in capsys.readouterr().out  # named at start
+    record = state(tmp_path)
+    assert record["runs"][-1]["missing_modules"] == ["hydra"]
+    assert record["sections"]["peaks"]["status"] == "done"
+    assert record["sections"]["training"]["status"].startswith(
+        "failed: hydra missing: carry their wheels"
+    )
+
+
+def test_budget_skips_and_says_so(tmp_path, cpu_route):
+    code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "peaks", "long",
+                     "--budget-min", "0.0001"])  # fmt: skip
+    assert code == 1
+    for name, planned in (("peaks", 2), ("long", 2)):
+        sec = state(tmp_path)["sections"][name]
+        assert sec["status"] == f"incomplete: 0 of {planned} measured (budget)", sec
+        assert set(sec["measured"].values()) == {"skipped: budget"}
+
+
+def test_pytest_section_keeps_log_and_junit(tmp_path):
+    selection = "-m gpu tests/attention/test_attention_gpu.py"  # every case skips without CUDA
+    code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "pytest",
+                     "--pytest-args", selection])  # fmt: skip
+    sec = state(tmp_path)["sections"]["pytest"]
+    assert code == 0 and sec["status"] == "done", sec
+    assert "skipped" in sec["rows"][0]["summary"]
+    assert "skipped" in (tmp_path / "pytest.log").read_text()
+    assert "<testsuite" in (tmp_path / "pytest-junit.xml").read_text()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_refuses_without_cuda_unless_dry_run_and_bad_budget(tmp_path, capsys):
-    """In this process (the script's main): both refusals come before any work."""
-    import runpy
-
-    gpu_suite = runpy.run_path(str(REPO / "scripts" / "gpu_suite.py"))
-    assert gpu_suite["main"](["--out", str(tmp_path), "--sections", "peaks"]) == 2
+    assert cli.main(["--out", str(tmp_path), "--sections", "peaks"]) == 2
     assert "no CUDA device; use --dry-run" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
-        gpu_suite["main"](["--dry-run", "--out", str(tmp_path), "--budget-min", "0"])
+        cli.main(["--dry-run", "--out", str(tmp_path), "--budget-min", "0"])
     assert exit_info.value.code == 2 and "--budget-min must be > 0" in capsys.readouterr().err

@@ -8,7 +8,7 @@ from data_testing import write_text_corpus
 from omegaconf import OmegaConf
 
 from flashtrain.data import build_data
-from flashtrain.data.config import DATA_CONFIGS, data_config
+from flashtrain.data.registry import DATA_CONFIGS, data_config
 
 EXPECTED = {
     "synthetic": "synthetic",

@@ -5,8 +5,8 @@ import pytest
 from data_testing import lm_config, write_jsonl, write_text_corpus
 
 from flashtrain.data import build_data, prepare_data
-from flashtrain.data.config import data_config
 from flashtrain.data.corpus import corpus_cache_dir
+from flashtrain.data.registry import data_config
 from flashtrain.data.token_cache import TokenCacheError, open_token_file
 from flashtrain.data.tokenization import ByteTokenizer
 

@@ -8,7 +8,7 @@ import torch
 from data_testing import lm_config, write_wordpiece_vocab
 
 from flashtrain.data import build_data
-from flashtrain.data.masking import mask_tokens
+from flashtrain.data.mlm_corruption import mask_tokens
 
 MASK_ID = 4
 

@@ -7,9 +7,8 @@ import json
 import pytest
 
 from flashtrain.data import pysrc
-from flashtrain.data.config import data_config
 from flashtrain.data.corpus import open_corpus, require_source
-from flashtrain.data.registry import build_data
+from flashtrain.data.registry import build_data, data_config
 from flashtrain.data.token_cache import read_header
 from flashtrain.data.tokenization import ByteTokenizer
 

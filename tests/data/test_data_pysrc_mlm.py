@@ -12,7 +12,7 @@ from config_testing import compose
 from data_testing import write_python_sources
 
 from flashtrain.data import build_data, pysrc
-from flashtrain.data.config import data_config
+from flashtrain.data.registry import data_config
 from flashtrain.train import run
 
 PAD, CLS, SEP, MASK = 256, 257, 258, 259

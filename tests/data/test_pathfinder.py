@@ -1,14 +1,17 @@
 """The Pathfinder generator: shapes, balance, determinism, and the geometry of what it drew
 (checked on its own contour records with distances computed here independently)."""
 
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
-from flashtrain.data.pathfinder import (
+from flashtrain.data.pathfinder.generator import (
     SETTINGS,
-    distractor_layout,
+    distractor_counts,
     generate_pathfinder,
     generate_pathfinder_into,
 )
@@ -84,7 +87,7 @@ def test_positives_have_both_markers_on_one_contour_negatives_not(sample):
 
 def test_contours_have_the_requested_lengths(sample):
     _, _, records = sample
-    count, length = distractor_layout(9, SETTINGS[64])
+    count, length = distractor_counts(9, SETTINGS[64])
     for record in records:
         assert [len(s) for s, t in zip(record.snakes, record.is_target) if t] == [9, 9]
         distractors = [len(s) for s, t in zip(record.snakes, record.is_target) if not t]
@@ -152,3 +155,37 @@ def test_bad_arguments_are_refused():
         generate_pathfinder(2, resolution=100)
     with pytest.raises(ValueError, match="contour_length"):
         generate_pathfinder(2, resolution=32, contour_length=1)
+
+
+def _run_plain_script(tmp_path, call: str) -> subprocess.CompletedProcess:
+    """A script that calls the generator at its top level, without `if __name__ == "__main__":`."""
+    script = tmp_path / "plain_script.py"
+    script.write_text(
+        "from flashtrain.data.pathfinder import generate_pathfinder\n"
+        f"images, labels = {call}\n"
+        "print(images.shape, int(labels.sum()))\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+def test_a_plain_script_generates_in_its_own_process(tmp_path):
+    # 130 images = 3 chunks: enough for worker processes, had the call started any
+    run = _run_plain_script(tmp_path, "generate_pathfinder(130, 32, 6, seed=1)")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["(130,", "32,", "32)", "65"]  # shape, label-1 count (balanced)
+
+
+def test_workers_without_a_main_guard_are_explained(tmp_path):
+    run = _run_plain_script(tmp_path, "generate_pathfinder(130, 32, 6, seed=1, num_workers=2)")
+    assert run.returncode != 0
+    assert 'if __name__ == "__main__":' in run.stderr and "num_workers=None or 1" in run.stderr
+
+
+@pytest.mark.parametrize("workers", [0, -2, 1.5, True])
+def test_bad_worker_counts_are_refused(workers):
+    with pytest.raises(ValueError, match="num_workers"):
+        generate_pathfinder(2, 32, 6, num_workers=workers)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-import flashtrain.data.pathfinder_cache as pfc
-import flashtrain.data.pathfinder_data as pfd
+import flashtrain.data.pathfinder.cache as pfc
+import flashtrain.data.pathfinder.dataset as pfd
 from flashtrain.data import build_data
 from flashtrain.data.pathfinder import generate_pathfinder
 

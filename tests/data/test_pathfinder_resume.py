@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import flashtrain.data.pathfinder as pf
-import flashtrain.data.pathfinder_cache as pfc
+import flashtrain.data.pathfinder.cache as pfc
+import flashtrain.data.pathfinder.generator as pf
 from flashtrain.data.files import exclusive_lock
 from flashtrain.data.pathfinder import generate_pathfinder
-from flashtrain.data.pathfinder_cache import load_or_generate, pathfinder_cache_dir
+from flashtrain.data.pathfinder.cache import load_or_generate, pathfinder_cache_dir
 
 REPO = Path(__file__).resolve().parents[2]
 NUM, SIZE, LENGTH, SEED = 48, 32, 6, 3
@@ -29,10 +29,10 @@ GENERATE = textwrap.dedent(
     f"""
     import sys
     from pathlib import Path
-    import flashtrain.data.pathfinder_cache as pfc
+    import flashtrain.data.pathfinder.cache as pfc
     pfc.CHUNK_SIZE = 2
     pfc.SAVE_EVERY_S = 0.0
-    from flashtrain.data.pathfinder_cache import load_or_generate
+    from flashtrain.data.pathfinder.cache import load_or_generate
     load_or_generate(Path(sys.argv[1]), {SIZE}, {LENGTH}, {NUM}, {SEED}, num_workers=2,
                      progress=False)
     """

@@ -14,8 +14,8 @@ from test_data_token_cache import DOCS, write
 
 from flashtrain.data import build_data
 from flashtrain.data import token_cache as tc
-from flashtrain.data.config import data_config
 from flashtrain.data.corpus import corpus_cache_dir
+from flashtrain.data.registry import data_config
 from flashtrain.data.token_cache import HEADER_BYTES, TokenCacheError, open_token_file, read_header
 from flashtrain.data.tokenization import ByteTokenizer
 

@@ -1,8 +1,8 @@
 """The LM-head loss's extra peak memory: a chunk's logits at most (chunked), none at all (fused),
 never the (tokens, vocab) logits. Measured for real: each point runs in a fresh process
-(scripts/bench_loss.py's measure_point) that reports its peak resident set (/proc VmHWM, reset
+(flashtrain.lab.bench.loss.measure_point) that reports its peak resident set (/proc VmHWM, reset
 before the call) beyond the resident set with the inputs in place, over forward + backward; large blocks are mapped one by
-one (bench_loss.EXACT_RSS_ENV), so freed tensors leave the resident set at once.
+one (loss_bench.EXACT_RSS_ENV), so freed tensors leave the resident set at once.
 
 The fused kernels run under TRITON_INTERPRET=1 with large tiles (128 tokens x 1024 vocabulary
 rows) to keep the interpreter's per-tile overhead down; their footprint does not depend on the
@@ -18,28 +18,25 @@ from pathlib import Path
 import pytest
 import torch
 
+from flashtrain.lab.bench import loss as loss_bench
 from flashtrain.models.loss import linear_cross_entropy
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import bench_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
-import json, sys
-sys.path.insert(0, {scripts!r})
-import bench_loss
+import json
+from flashtrain.lab.bench import loss as loss_bench
 from flashtrain.kernels import linear_cross_entropy as kernels
 kernels.INTERPRETER_TILES = kernels.XentTiles(128, 1024, 16, 16, 4, 1)
-print(json.dumps(bench_loss.measure_point({method!r}, {tokens}, {hidden}, {vocab}, {chunk}, 1)))
+print(json.dumps(loss_bench.measure_point({method!r}, {tokens}, {hidden}, {vocab}, {chunk}, 1)))
 """
 MiB = 2**20
 
 
 def peak_mib(method, tokens, hidden, vocab, chunk=2048, interpret=False) -> float:
-    code = CHILD.format(scripts=str(ROOT / "scripts"), method=method, tokens=tokens,
+    code = CHILD.format(method=method, tokens=tokens,
                         hidden=hidden, vocab=vocab, chunk=chunk)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **bench_loss.EXACT_RSS_ENV)
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **loss_bench.EXACT_RSS_ENV)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     done = subprocess.run(

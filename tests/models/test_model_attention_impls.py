@@ -14,8 +14,8 @@ IMPLS = [
 ]
 
 
-def loss_and_grads(cfg, impl, backend, batch, monkeypatch):
-    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", backend)
+def loss_and_grads(cfg, impl, route, batch, monkeypatch):
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", route)
     torch.manual_seed(0)
     model = build_model(cfg, {"impl": impl})
     with torch.no_grad():  # larger than the 0.02 init so attention is far from uniform
@@ -107,7 +107,7 @@ def test_attention_dropout_goes_through_the_op(impl, monkeypatch):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_op_with_a_key_padding_mask_matches_across_impls(causal, monkeypatch):
-    """An attention backend on a padded (B, T, H, D) layout with a key-padding mask: flash unpads, runs the
+    """An attention impl on a padded (B, T, H, D) layout with a key-padding mask: flash unpads, runs the
     varlen kernel and pads back; sdpa and reference mask the keys. Same output at real tokens."""
     monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
     g = torch.Generator().manual_seed(4)

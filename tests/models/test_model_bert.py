@@ -15,8 +15,8 @@ IMPLS = [
 ]
 
 
-def make_bert(impl, backend, monkeypatch, **overrides) -> Bert:
-    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", backend)
+def make_bert(impl, route, monkeypatch, **overrides) -> Bert:
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", route)
     torch.manual_seed(0)
     model = build_model({**TINY_BERT, **overrides}, {"impl": impl})
     with torch.no_grad():

@@ -8,7 +8,7 @@ from model_testing import TINY_CLASSIFIER, TINY_GPT2, load_attention_config, loa
 from omegaconf import OmegaConf
 
 from flashtrain.models import (
-    ATTENTION_BACKENDS,
+    ATTENTION_IMPLS,
     GPT2,
     Bert,
     SequenceClassifier,
@@ -92,6 +92,10 @@ def test_every_model_config_builds(name, attention):
     assert model.estimate_flops_per_token(4096) > 6 * model.num_parameters(non_embedding=True)
 
 
+def base_arch(name: str) -> str:
+    return load_model_config(name, 1024, 256).arch
+
+
 def test_model_files_hold_only_what_differs():
     """A base file per architecture puts the run's context and vocabulary on its schema; a size
     file names its base and only the sizes that differ from it."""
@@ -102,13 +106,16 @@ def test_model_files_hold_only_what_differs():
             assert raw["max_seq_len"] == "${seq_len}" and "${data." in raw["vocab_size"], name
             continue
         assert base in group_options("model"), name
-        assert set(raw) <= {"n_layer", "n_head", "d_model", "d_ff"}, name
+        sizes = {"n_layer", "n_head", "d_model", "d_ff"}
+        if base_arch(name) == "llama":  # a Llama's shape also names its K/V heads, RoPE, tying
+            sizes |= {"n_kv_head", "rope_theta", "tie_embeddings"}
+        assert set(raw) <= sizes, name
         base_cfg = load_model_config(base, 1024, 256)
         assert all(raw[k] != base_cfg[k] for k in raw), name
 
 
 def test_attention_configs_name_their_impl():
-    assert group_options("attention") == sorted(ATTENTION_BACKENDS)
+    assert group_options("attention") == sorted(ATTENTION_IMPLS)
     for name in group_options("attention"):
         assert load_attention_config(name).impl == name
 
@@ -136,8 +143,10 @@ def test_flops_per_token_is_6n_plus_attention():
 
 
 def test_unknown_arch_lists_the_allowed():
-    with pytest.raises(ValueError, match=r"model.arch='llama'; allowed: gpt2, bert, classifier"):
-        build_model({**TINY_GPT2, "arch": "llama"}, {"impl": "sdpa"})
+    with pytest.raises(
+        ValueError, match=r"model.arch='t5'; allowed: gpt2, bert, classifier, llama"
+    ):
+        build_model({**TINY_GPT2, "arch": "t5"}, {"impl": "sdpa"})
 
 
 def test_unknown_attention_impl_lists_the_allowed():

@@ -1,9 +1,9 @@
-"""scripts/report.py on run folders written by hand: the tables hold the right numbers beside
-the paper's, the plots exist, restarts and missing pieces are handled."""
+"""The reports (flashtrain.lab.reports, scripts/report.py) on run folders written by hand: the
+tables hold the right numbers beside the paper's, the plots exist, restarts and missing pieces
+are handled."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -19,18 +19,10 @@ from report_testing import (
 )
 
 from flashtrain.data.synthetic import recall_optimal_loss
-from flashtrain.report import write_reports
-from flashtrain.report.runs import load_run, read_metrics
+from flashtrain.lab.reports import write_reports
+from flashtrain.lab.reports.runs import load_run, read_metrics
 
-REPO = Path(__file__).resolve().parents[2]
 PYSRC = {"name": "pysrc", "loader": "lm_corpus", "tokenizer": "byte"}
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def assert_png(path: Path) -> None:
@@ -205,7 +197,8 @@ def test_bert_report(tmp_path):
 
 
 def test_the_cli_reports_and_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
-    report = load_script("report")
+    from flashtrain.lab.reports import build as report
+
     run = write_run(tmp_path / "syn", lm_config({"name": "synthetic"}, 64), lm_curve(2.0, 10, 64))
     assert report.main([str(run), "--out", str(tmp_path / "out")]) == 0
     assert "context-length.md" in capsys.readouterr().out

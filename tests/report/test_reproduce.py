@@ -1,34 +1,25 @@
-"""scripts/reproduce.py: the experiment tables, the commands, and a smoke run of the driver
-(real train.py subprocesses, a few steps of a tiny model on the synthetic task)."""
+"""The experiment driver (flashtrain.lab.reproduce, scripts/reproduce.py): the experiment
+tables, the commands, and a smoke run of the driver (real train.py subprocesses, a few steps of
+a tiny model on the synthetic task)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from flashtrain.experiments import EXPERIMENT_NAMES, SCALES, plan
-from flashtrain.experiments.driver import (
-    command,
-    hydra_value,
+from flashtrain.lab.experiments import EXPERIMENT_NAMES, SCALES, plan
+from flashtrain.lab.experiments.overrides import (
     merge_overrides,
+    override_key,
     override_value,
-    shown,
-    train_state,
+    preset_settings,
+    setting,
 )
-from flashtrain.experiments.spec import Run
-from flashtrain.experiments.tables import TABLES
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from flashtrain.lab.experiments.spec import Run
+from flashtrain.lab.experiments.tables import TABLES
+from flashtrain.lab.reproduce import command, hydra_value, shown, train_state
 
 
 def all_plans():
@@ -45,7 +36,7 @@ def test_every_train_run_names_its_steps_and_every_name_is_unique():
             assert run.name not in names
             names.add(run.name)
             if run.kind == "train":
-                assert override_value(run.args, "trainer.max_steps") is not None, run.name
+                assert setting(run.args, "trainer.max_steps") is not None, run.name
     assert {p.scale for p in all_plans()} == set(SCALES)
 
 
@@ -55,12 +46,42 @@ def test_context_length_sees_equal_tokens_per_step_at_every_context():
             continue
         tokens = set()
         for run in p.runs:
-            seq_len = int(override_value(run.args, "seq_len"))
-            per_step = int(override_value(run.args, "global_batch_tokens"))
-            micro = int(override_value(run.args, "micro_batch_size"))
+            seq_len = int(setting(run.args, "seq_len"))
+            per_step = int(setting(run.args, "global_batch_tokens"))
+            micro = int(setting(run.args, "micro_batch_size"))
             assert per_step % (seq_len * micro) == 0, run.name
             tokens.add(per_step)
         assert len(tokens) == 1 and len(p.runs) == 4
+
+
+def test_each_experiment_is_defined_once_in_its_presets():
+    """Every train run names an experiment preset, and no override of a table repeats a value its
+    preset already sets (the run's settings live in configs/experiment/, the table holds what
+    varies between runs)."""
+    for p in all_plans():
+        for run in p.runs:
+            if run.kind != "train":
+                continue
+            name = override_value(run.args, "experiment")
+            assert name is not None, run.name
+            settings = preset_settings(name)
+            for override in run.args:
+                key, value = override_key(override), override.split("=", 1)[1]
+                if key != "experiment" and key in settings:
+                    assert str(settings[key]) != value, f"{run.name}: {override} repeats {name}"
+
+
+def test_setting_reads_the_preset_chain_and_overrides_win():
+    args = ("experiment=context-length/tiny-synthetic", "seq_len=64")
+    assert setting(args, "trainer.max_steps") == "600"  # tiny-synthetic's own
+    assert setting(args, "global_batch_tokens") == "2048"  # from context-length/tiny below it
+    assert setting(args, "global_batch_size") == "null"
+    assert setting(args, "data") == "synthetic" and setting(args, "model") == "gpt2-tiny"
+    assert setting((*args, "trainer.max_steps=7"), "trainer.max_steps") == "7"
+    assert setting(("experiment=speed-memory/tiny",), "trainer.eval_at_end") == "false"
+    assert setting(("seq_len=64",), "trainer.max_steps") is None
+    with pytest.raises(ValueError, match="no experiment preset nope"):
+        setting(("experiment=nope",), "trainer.max_steps")
 
 
 def test_paper_scale_runs_on_eight_gpus_and_pathx_starts_from_path64(tmp_path):
@@ -104,7 +125,8 @@ def test_bad_choices_are_refused():
 
 
 def test_paper_scale_and_dry_run_print_commands_and_run_nothing(tmp_path, capsys):
-    reproduce = load_script("reproduce")
+    from flashtrain.lab import reproduce
+
     assert reproduce.main(["bert", "--scale", "paper", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "17.4" in out and "torchrun --nproc_per_node=8 train.py" in out and "--run" in out
@@ -141,7 +163,8 @@ def test_driver_runs_reports_skips_finished_runs_and_resumes(tmp_path, capsys, m
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "WANDB_MODE"):
         monkeypatch.delenv(key, raising=False)
-    reproduce = load_script("reproduce")
+    from flashtrain.lab import reproduce
+
     out = tmp_path / "out"
     base = ["context-length", "--scale", "tiny", "--data", "synthetic", "--out", str(out)]
     # the lr schedule pinned to 4 steps: extending the runs below keeps it (a resume that would
@@ -184,7 +207,8 @@ def test_driver_runs_reports_skips_finished_runs_and_resumes(tmp_path, capsys, m
 def test_driver_runs_the_kernel_benchmark(tmp_path, capsys, monkeypatch):
     """speed-memory's benchmark run: on a CPU, bench_attention.py writes tile counts."""
     monkeypatch.delenv("RANK", raising=False)
-    reproduce = load_script("reproduce")
+    from flashtrain.lab import reproduce
+
     args = ["speed-memory", "--scale", "tiny", "--out", str(tmp_path), "--only", "*-kernels"]
     assert reproduce.main(args) == 0
     capsys.readouterr()

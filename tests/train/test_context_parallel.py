@@ -12,7 +12,7 @@ import torch
 from config_testing import compose
 from train_testing import TINY, read_metrics, run_train, step_losses
 
-from flashtrain.attention.ring_layout import rank_chunks
+from flashtrain.attention.ring_sharding import rank_chunks
 from flashtrain.train import run
 from flashtrain.train.config import ConfigError, batch_plan
 from flashtrain.train.context_parallel import ContextParallel, check_supported

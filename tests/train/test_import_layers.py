@@ -1,6 +1,8 @@
 """The layers import one way: train -> models -> attention -> kernels, data beside models (it
-imports neither models nor attention), leaf utilities (typed_config, file_integrity) importable by
-all, and no module-level import cycle anywhere."""
+imports neither models nor attention), leaf utilities (typed_config, file_integrity, utils)
+importable by all, the lab (flashtrain.lab: tooling that knows the checkout) above everything,
+its own parts layered too (checkout, experiments at the bottom; bench; reports; the programs on
+top), and no module-level import cycle anywhere. Every package and every lab part has a layer."""
 
 from __future__ import annotations
 
@@ -9,16 +11,53 @@ from pathlib import Path
 
 from config_testing import REPO
 
-# package -> the flashtrain packages it may import (itself always allowed)
-ALLOWED = {
+# layer -> the layers it may import (itself always allowed). A layer is a flashtrain package
+# (flashtrain.X) or a part of the lab (flashtrain.lab.X, a subpackage or a module).
+LIBRARY = {
     "typed_config": set(),
     "file_integrity": set(),
+    "utils": set(),
+    "plots": {"data"},  # matplotlib figures for the reports (lab) and evaluate (inference)
     "kernels": set(),
     "attention": {"kernels", "typed_config"},
-    "models": {"attention", "kernels", "typed_config"},
+    # models -> hf only lazily, for model.init_from=hf:... (flashtrain.hf.init_from)
+    "models": {"attention", "kernels", "typed_config", "hf"},
     "data": {"typed_config", "file_integrity"},
-    "bench": {"attention", "kernels", "train"},  # the GPU suite measures the trainer too
-    "train": {"models", "data", "attention", "kernels", "typed_config", "file_integrity"},
+    "train": {"models", "data", "attention", "kernels", "typed_config", "file_integrity", "utils"},
+    "hf": {
+        "models",
+        "data",
+        "train",
+        "attention",
+        "kernels",
+        "typed_config",
+        "file_integrity",
+        "utils",
+    },
+    # after training: sampling and evaluation read checkpoints through train
+    "inference": {
+        "models",
+        "data",
+        "train",
+        "attention",
+        "kernels",
+        "typed_config",
+        "utils",
+        "plots",
+    },
+}
+LAB_BASE = set(LIBRARY) | {"lab", "lab.checkout"}  # what every part of the lab may use
+ALLOWED = {
+    **LIBRARY,
+    "lab": {"lab.checkout"},  # flashtrain/lab/__init__.py: completes an uninstalled checkout
+    "lab.checkout": set(),
+    "lab.experiments": {"lab", "lab.checkout"},
+    "lab.bench": LAB_BASE,
+    "lab.reports": LAB_BASE | {"lab.experiments", "lab.bench"},
+    "lab.reproduce": LAB_BASE | {"lab.experiments", "lab.bench", "lab.reports"},
+    "lab.gpu_suite": LAB_BASE | {"lab.bench"},
+    "lab.prepare_data": LAB_BASE,
+    "lab.make_pathfinder": LAB_BASE,
 }
 
 
@@ -56,16 +95,23 @@ def _imports(path: Path, name: str, top_level_only: bool) -> set[str]:
 
 
 def _package(module: str) -> str:
+    """flashtrain.train.trainer -> "train"; flashtrain.lab.bench.measure -> "lab.bench"."""
     parts = module.split(".")
+    if parts[1:2] == ["lab"]:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_package_has_a_layer():
+    """A new package (or lab part) must be placed in the layers, not silently skipped."""
+    missing = sorted({_package(n) for n in _modules()} - set(ALLOWED) - {""})
+    assert not missing, f"add to ALLOWED in {__file__}: {missing}"
 
 
 def test_no_upward_imports():
     wrong = []
     for name, path in _modules().items():
         layer = _package(name)
-        if layer not in ALLOWED:
-            continue
         for target in _imports(path, name, top_level_only=False):
             other = _package(target)
             if other and other != layer and other not in ALLOWED[layer]:

@@ -1,0 +1,219 @@
+"""flash_attn_with_kvcache: flash-attn's decode API on the project's split-KV kernel.
+
+Validates, appends the new keys and values to the cache in place (rotated first when rotary
+tables are given), then runs the kvcache_attention op. Nothing here reads a device value on a
+GPU (the value checks run on CPU tensors, or with FLASHTRAIN_CHECK_INPUTS=1), so a decode step
+can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flashtrain.attention import validation
+from flashtrain.attention.kvcache_op import kvcache_attention
+from flashtrain.attention.reference import fold_window
+from flashtrain.attention.rotary import apply_rotary_at, check_rotary_tables
+
+
+def _check_index_tensor(name: str, t, batch: int, device) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (batch,):
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be an int32 tensor of shape ({batch},), got {got}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+
+
+def _check_cache(q, k_cache, v_cache, k, v) -> None:
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(
+                f"{name} must be a 4-dim tensor (batch, seqlen, heads, head_dim), got {got}"
+            )
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    # dtypes, devices, head_dim, GQA (the cache's batch is its own: cache_batch_idx)
+    validation.check_qkv(q[:0], k_cache[:0], v_cache[:0])
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"{name} must have a contiguous last dimension (it is written in place)"
+            )
+    if (k is None) != (v is None):
+        raise ValueError(
+            "k and v must be given together (new keys and values to append) or not at all"
+        )
+    if k is not None:
+        want = (q.shape[0], k.shape[1] if k.dim() == 4 else -1, *k_cache.shape[2:])
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape) != want:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(
+                    f"{name} must be (batch, seqlen_new, heads_kv, head_dim) = (batch={q.shape[0]}, "
+                    f"seqlen_new, {k_cache.shape[2]}, {k_cache.shape[3]}) like the cache, got {got}"
+                )
+            if t.dtype != k_cache.dtype or t.device != k_cache.device:
+                raise ValueError(
+                    f"{name} must match the cache's dtype and device ({k_cache.dtype}, "
+                    f"{k_cache.device}), got {t.dtype}, {t.device}"
+                )
+
+
+def _cache_seqlens_tensor(cache_seqlens, batch: int, device) -> torch.Tensor:
+    if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, (int, torch.Tensor)):
+        raise ValueError(
+            f"cache_seqlens must be an int or an int32 tensor ({batch},), got "
+            f"{type(cache_seqlens).__name__}"
+        )
+    if isinstance(cache_seqlens, int):
+        if cache_seqlens < 0:
+            raise ValueError(f"cache_seqlens must be >= 0, got {cache_seqlens}")
+        return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
+    _check_index_tensor("cache_seqlens", cache_seqlens, batch, device)
+    return cache_seqlens
+
+
+def _check_values(cache_seqlens, new_len, cache_len, cache_batch_idx, cache_rows, leftpad) -> None:
+    """Index values that would otherwise write or read outside the cache (CPU tensors, or
+    FLASHTRAIN_CHECK_INPUTS=1: reading them costs a host sync on a GPU)."""
+    if not validation.values_checked(cache_seqlens.device):
+        return
+    lens = cache_seqlens.cpu()
+    if bool((lens < 0).any()) or bool((lens + new_len > cache_len).any()):
+        raise ValueError(
+            f"cache_seqlens + seqlen_new must lie in [0, {cache_len}] (the cache's length); got "
+            f"cache_seqlens={lens.tolist()}, seqlen_new={new_len}"
+        )
+    if cache_batch_idx is not None:
+        idx = cache_batch_idx.cpu()
+        if bool((idx < 0).any()) or bool((idx >= cache_rows).any()):
+            raise ValueError(
+                f"cache_batch_idx must index the cache's {cache_rows} rows, got {idx.tolist()}"
+            )
+    if leftpad is not None:
+        pad = leftpad.cpu()
+        if bool((pad < 0).any()) or bool((pad > lens).any()):
+            raise ValueError(
+                f"cache_leftpad must lie in [0, cache_seqlens]; got {pad.tolist()} with "
+                f"cache_seqlens={lens.tolist()}"
+            )
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: int | torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: torch.Tensor | None = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+):
+    """Attention of q against a KV cache, appending new keys and values first (flash-attn's
+    positional order and names).
+
+    q: (B, Sq, Hq, D); k_cache, v_cache: (B_cache, S_cache, Hkv, D), Hq % Hkv == 0, written in
+    place when k, v are given. fp16, bf16 or fp32; head_dim 1..256.
+    k, v: None, or (B, Snew, Hkv, D) new keys and values, stored at positions
+        cache_seqlens[b] .. cache_seqlens[b] + Snew - 1 of cache row cache_batch_idx[b].
+    rotary_cos, rotary_sin: None, or (seqlen_ro, rotary_dim / 2) tables (needs k, v): the new k
+        is rotated at its positions; q too when causal or windowed, else every query row at
+        cache_seqlens[b] (flash-attn's rule). Positions count from cache_leftpad[b].
+        rotary_interleaved: pairs (2j, 2j+1) (GPT-J) if True, halves (GPT-NeoX, Llama) if False.
+    cache_seqlens: int or int32 (B,): keys already in the cache per batch entry; None: the whole
+        cache (then k, v cannot be appended). Batch b attends the first cache_seqlens[b] + Snew keys.
+    cache_batch_idx: int32 (B,): the cache row of each batch entry (None: row b, B_cache == B).
+    cache_leftpad: int32 (B,): keys before it are padding (never attended); None: 0.
+    block_table: paged caches are not provided (a ValueError); use a contiguous cache.
+    causal: aligned bottom-right per entry (query i sees keys j <= i + seqlen_k[b] - Sq), so
+        Sq > 1 works for chunked prefill and speculative decoding.
+    window_size, softcap, alibi_slopes, softmax_scale: as flash_attn_func.
+    num_splits: splits of the cache's sequence axis over programs (merged exactly through the
+        LSE); 0 chooses from batch x heads x cache length to fill the GPU; 1 never splits.
+    Returns out (B, Sq, Hq, D), and with return_softmax_lse also lse (B, Hq, Sq) float32.
+    """
+    if block_table is not None:
+        raise ValueError(
+            "paged KV caches (block_table) are not provided; pass a contiguous cache "
+            "(B_cache, S_cache, heads_kv, head_dim) and cache_seqlens"
+        )
+    _check_cache(q, k_cache, v_cache, k, v)
+    validation.check_scale(softmax_scale)
+    validation.check_softcap(softcap)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(
+            f"num_splits must be an int >= 0 (0 = chosen from the shape), got {num_splits!r}"
+        )
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    cache_rows, cache_len = k_cache.shape[:2]
+    device = q.device
+    if cache_batch_idx is not None:
+        _check_index_tensor("cache_batch_idx", cache_batch_idx, batch, device)
+    elif cache_rows != batch:
+        raise ValueError(
+            f"the cache has {cache_rows} rows but q has batch {batch}: pass cache_batch_idx "
+            "(int32 (batch,)) to say which row each batch entry uses"
+        )
+    if cache_leftpad is not None:
+        _check_index_tensor("cache_leftpad", cache_leftpad, batch, device)
+    new_len = 0 if k is None else k.shape[1]
+    if cache_seqlens is None:
+        if k is not None or cache_leftpad is not None:
+            raise ValueError(
+                "appending k, v or cache_leftpad needs cache_seqlens (where each entry's keys end)"
+            )
+        lens = torch.full((batch,), cache_len, dtype=torch.int32, device=device)
+    else:
+        lens = _cache_seqlens_tensor(cache_seqlens, batch, device)
+    _check_values(lens, new_len, cache_len, cache_batch_idx, cache_rows, cache_leftpad)
+    slopes = validation.check_alibi_slopes(alibi_slopes, batch, heads_q, device)
+    left, right = fold_window(validation.check_window(window_size), causal, cache_len)
+    rotary = rotary_cos is not None or rotary_sin is not None
+    if rotary and k is None:
+        raise ValueError("rotary_cos / rotary_sin rotate the appended k (and q): pass k and v too")
+
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    if k is not None:
+        start = lens.long() - (0 if cache_leftpad is None else cache_leftpad.long())  # (B,)
+        steps = torch.arange(max(new_len, seqlen_q), device=device)
+        if rotary:
+            if rotary_cos is None or rotary_sin is None:
+                raise ValueError("rotary_cos and rotary_sin must be given together")
+            check_rotary_tables(rotary_cos, rotary_sin, head_dim, device)
+            k = apply_rotary_at(
+                k, rotary_cos, rotary_sin, start[:, None] + steps[:new_len], rotary_interleaved
+            )
+            every_row = causal or left >= 0 or right >= 0
+            q_pos = start[:, None] + (steps[:seqlen_q] if every_row else 0 * steps[:seqlen_q])
+            q = apply_rotary_at(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
+        rows = (
+            cache_batch_idx.long()
+            if cache_batch_idx is not None
+            else torch.arange(batch, device=device)
+        )
+        at = lens.long()[:, None] + steps[None, :new_len]  # (B, Snew) cache positions
+        k_cache[rows[:, None], at] = k
+        v_cache[rows[:, None], at] = v
+        lens = lens + new_len
+    scale = float(1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale)
+    out, lse = kvcache_attention(
+        q, k_cache, v_cache, lens, cache_batch_idx, cache_leftpad, slopes, scale, left, right,
+        float(softcap), int(num_splits),
+    )  # fmt: skip
+    return (out, lse) if return_softmax_lse else out

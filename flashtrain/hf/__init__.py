@@ -1,0 +1,40 @@
+"""Hugging Face interop: flashtrain models in and out of transformers' format, and flashtrain's
+attention inside transformers models.
+
+    from flashtrain.hf import to_hf, from_hf, export_checkpoint, register
+    hf_model = to_hf(model)                      # GPT2LMHeadModel / BertForMaskedLM / ...
+    model = from_hf("path/or/hub-id")            # or from a transformers model object
+    export_checkpoint("run/checkpoints", "out")  # a folder from_pretrained loads (export.py)
+    register()                                   # attn_implementation="flashtrain" (attention.py)
+
+Training needs none of this (model.init_from=hf:... imports only source.py's readers, which need
+safetensors); transformers and safetensors are the `hf` extra: pip install -e ".[hf]".
+"""
+
+from flashtrain.hf.convert import from_hf, hf_config_dict, to_hf
+from flashtrain.hf.registry import MAPPINGS, mapping_for, mapping_for_hf
+
+__all__ = [
+    "MAPPINGS",
+    "export_checkpoint",
+    "from_hf",
+    "hf_config_dict",
+    "mapping_for",
+    "mapping_for_hf",
+    "register",
+    "to_hf",
+]
+
+
+def register() -> str:
+    """Register attn_implementation="flashtrain" with transformers (flashtrain/hf/attention.py)."""
+    from flashtrain.hf.attention import register as _register
+
+    return _register()
+
+
+def export_checkpoint(checkpoint, out_dir, **options):
+    """A flashtrain checkpoint -> a transformers folder (flashtrain/hf/export.py)."""
+    from flashtrain.hf.export import export_checkpoint as _export
+
+    return _export(checkpoint, out_dir, **options)

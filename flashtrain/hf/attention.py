@@ -1,0 +1,162 @@
+"""attn_implementation="flashtrain": flashtrain's attention ops inside transformers models.
+
+    import flashtrain.hf
+    flashtrain.hf.register()
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="flashtrain")
+
+transformers (5.x) treats every implementation whose name contains "flash" as a FlashAttention
+kernel with flash-attn's API: its own wrapper (the one hub kernels get) turns a padding mask into
+packed sequences (unpad -> flash_attn_varlen_func -> pad: no compute on padding), packed
+sequences (position_ids restarting, or cu_seq_lens from a flattening collator) into varlen calls,
+and reads the layer's causal flag, scale, dropout (in training), sliding window and softcap from
+the model. flashtrain's flash_attn_func / flash_attn_varlen_func have exactly that API (names,
+order, GQA), so registering them there is the whole integration: `register()` puts them where
+transformers looks them up for "flashtrain", and the "flashtrain" attention function checks what
+the kernels cannot honour first:
+
+- an arbitrary 4-D attention mask (a float bias, a custom pattern): falls back to PyTorch SDPA
+  (refused when the layer also needs softcap, which SDPA lacks), with a one-time warning;
+- output_attentions=True: refused (no kernel materialises the probabilities); use "eager".
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
+
+NAME = "flashtrain"
+# what _install_kernels sets in transformers.modeling_flash_attention_utils
+_TRANSFORMERS_INTERNALS = (
+    "_loaded_implementation",
+    "_flash_fn",
+    "_flash_varlen_fn",
+    "_flash_with_kvcache_fn",
+    "_pad_fn",
+    "_unpad_fn",
+    "_pad_input",
+    "_unpad_input",
+    "_process_flash_kwargs_fn",
+    "_process_with_kvcache_kwargs_fn",
+    "_lazy_define_process_function",
+    "_flash_attention_forward",
+)
+log = logging.getLogger("flashtrain.hf")
+_warned_fallback = False
+
+
+def _install_kernels() -> None:
+    """Make transformers' FlashAttention wrapper call flashtrain's ops for NAME (transformers
+    keeps one loaded implementation at a time; another model's flash_attention_2 may replace
+    it, so this runs before every call; it is a pointer comparison when nothing changed)."""
+    import transformers.modeling_flash_attention_utils as fa
+
+    missing = [name for name in _TRANSFORMERS_INTERNALS if not hasattr(fa, name)]
+    if missing:
+        import transformers
+
+        raise ImportError(
+            f'attn_implementation="flashtrain" plugs into transformers\' FlashAttention path, '
+            f"whose internals differ in transformers {transformers.__version__} (no "
+            f"{', '.join(missing)}); it is tested with transformers 5.x"
+        )
+    if fa._loaded_implementation == NAME and fa._flash_varlen_fn is flash_attn_varlen_func:
+        return
+    fa._flash_fn, fa._flash_varlen_fn, fa._flash_with_kvcache_fn = (
+        flash_attn_func,
+        flash_attn_varlen_func,
+        None,
+    )
+    fa._pad_fn, fa._unpad_fn = fa._pad_input, fa._unpad_input
+    fa._process_flash_kwargs_fn = fa._lazy_define_process_function(flash_attn_varlen_func)
+    fa._process_with_kvcache_kwargs_fn = dict
+    fa._loaded_implementation = NAME
+
+
+def flashtrain_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: query (B, Hq, T, D), key / value
+    (B, Hkv, S, D), attention_mask None or (B, S) bool (1 = real token) -> ((B, T, Hq, D), None).
+    The rest is transformers' FlashAttention wrapper (flash_attention_forward) minus its cast of
+    float32 inputs to half precision: flashtrain's ops take float32 as they are."""
+    from transformers.modeling_flash_attention_utils import _flash_attention_forward
+
+    if kwargs.get("output_attentions", False):
+        raise ValueError(
+            'attn_implementation="flashtrain" computes no attention probabilities: '
+            'output_attentions=True needs attn_implementation="eager"'
+        )
+    if kwargs.get("s_aux") is not None:
+        raise ValueError(
+            'attn_implementation="flashtrain" has no attention sinks (s_aux); use "eager" or "sdpa"'
+        )
+    if attention_mask is not None and attention_mask.dim() != 2:
+        return _sdpa_fallback(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+            softcap=softcap, is_causal=is_causal, **kwargs,
+        )  # fmt: skip
+    _install_kernels()
+    out = _flash_attention_forward(
+        query.transpose(1, 2),  # (B, T, Hq, D)
+        key.transpose(1, 2),  # (B, S, Hkv, D)
+        value.transpose(1, 2),
+        attention_mask,
+        query_length=query.shape[2],
+        is_causal=module.is_causal if is_causal is None else is_causal,
+        dropout=dropout,
+        softmax_scale=scaling,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        use_top_left_mask=False,  # causal aligned bottom-right, as flashtrain's ops do
+        target_dtype=None,
+        attn_implementation=NAME,
+        layer_idx=getattr(module, "layer_idx", None),
+        **kwargs,
+    )
+    return out, None  # (B, T, Hq, D)
+
+
+def _sdpa_fallback(module, query, key, value, attention_mask, **kwargs):
+    global _warned_fallback
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if kwargs.get("softcap") is not None:
+        raise ValueError(
+            f'attn_implementation="flashtrain" got a {attention_mask.dim()}-D attention mask, '
+            "which its kernels cannot take (they take causal, windows and padding), and the "
+            "layer's softcap rules out the SDPA fallback; pass a 2-D padding mask or use "
+            'attn_implementation="eager"'
+        )
+    if not _warned_fallback:
+        log.warning(
+            'attn_implementation="flashtrain": a %d-D attention mask (an arbitrary pattern or '
+            "bias) runs on PyTorch SDPA instead of flashtrain's kernels",
+            attention_mask.dim(),
+        )
+        _warned_fallback = True
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def register() -> str:
+    """Register "flashtrain" with transformers' attention and mask registries; returns the
+    name to pass as attn_implementation. Safe to call more than once."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    _install_kernels()  # model construction already looks the functions up
+    AttentionInterface.register(NAME, flashtrain_attention_forward)
+    AttentionMaskInterface.register(NAME, flash_attention_mask)  # None or the (B, S) padding mask
+    return NAME

@@ -1,0 +1,136 @@
+"""Reading a transformers checkpoint: a local folder or a hub id, its config.json and weights.
+
+    folder = resolve_source("openai-community/gpt2")   # or a local folder
+    config, state = read_config(folder), read_weights(folder)
+
+A hub id downloads through huggingface_hub into its cache (config.json and the weights only);
+HF_HUB_OFFLINE=1 forbids that: a cached snapshot is used, and a missing one is one clear
+FileNotFoundError saying how to get it. Weights: model.safetensors, its sharded form
+(model.safetensors.index.json), or pytorch_model.bin (loaded with weights_only).
+Needs safetensors for .safetensors files; never transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from flashtrain.data import hub
+
+CONFIG = "config.json"
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+
+
+def _looks_like_hub_id(ref: str) -> bool:
+    parts = ref.split("/")
+    return (
+        len(parts) <= 2
+        and all(parts)
+        and not ref.startswith((".", "~"))
+        and all(p.replace("-", "").replace("_", "").replace(".", "").isalnum() for p in parts)
+    )
+
+
+def resolve_source(ref: str) -> Path:
+    """A local folder holding config.json, or the hub snapshot folder of hub id `ref`."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if not (path / CONFIG).is_file():
+            raise FileNotFoundError(
+                f"{path} is not a Hugging Face model folder: it has no {CONFIG} "
+                "(export a flashtrain checkpoint with scripts/export_hf.py)"
+            )
+        return path
+    if not _looks_like_hub_id(ref):
+        raise FileNotFoundError(f"no such folder {path}, and {ref!r} is not a hub model id")
+    return _hub_snapshot(ref)
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = hub.hub_offline()
+    patterns = [CONFIG, "*.safetensors", SAFETENSORS_INDEX]
+    try:
+        folder = Path(
+            snapshot_download(
+                repo_id,
+                allow_patterns=patterns,
+                cache_dir=hub.hub_cache_dir(),
+                local_files_only=offline,
+            )
+        )
+        if not _has_weights(folder):  # an older repository: PyTorch pickles only
+            folder = Path(
+                snapshot_download(
+                    repo_id,
+                    allow_patterns=[CONFIG, TORCH_BIN, TORCH_BIN_INDEX, "pytorch_model-*.bin"],
+                    cache_dir=hub.hub_cache_dir(),
+                    local_files_only=offline,
+                )
+            )
+    except LocalEntryNotFoundError:
+        if not offline:
+            raise
+        raise FileNotFoundError(
+            f"the Hugging Face model '{repo_id}' is not in the cache {hub.hub_cache_dir()} and "
+            "HF_HUB_OFFLINE=1 forbids downloading it; download it where there is network "
+            f"(`huggingface-cli download {repo_id}`, same HF_HOME / HF_HUB_CACHE) or name a "
+            "local folder: model.init_from=hf:/path/to/folder"
+        ) from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise FileNotFoundError(
+            f"could not download the Hugging Face model '{repo_id}' into {hub.hub_cache_dir()}: "
+            f"{type(e).__name__}: {first}"
+        ) from e
+    if not (folder / CONFIG).is_file():
+        raise FileNotFoundError(f"the Hugging Face model '{repo_id}' has no {CONFIG}")
+    return folder
+
+
+def _has_weights(folder: Path) -> bool:
+    names = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX)
+    return any((folder / n).is_file() for n in names)
+
+
+def read_config(folder: Path) -> dict:
+    with open(Path(folder) / CONFIG) as f:
+        return json.load(f)
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's weights, on CPU, by transformers key."""
+    folder = Path(folder)
+    for index_name in (SAFETENSORS_INDEX, TORCH_BIN_INDEX):
+        if (folder / index_name).is_file():
+            with open(folder / index_name) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+            state = {}
+            for name in files:
+                state.update(_read_file(folder / name))
+            return state
+    for name in (SAFETENSORS, TORCH_BIN):
+        if (folder / name).is_file():
+            return _read_file(folder / name)
+    raise FileNotFoundError(
+        f"{folder} holds no weights ({SAFETENSORS}, {SAFETENSORS_INDEX} or {TORCH_BIN})"
+    )
+
+
+def _read_file(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise ImportError(
+                f"reading {path.name} needs safetensors: pip install -e '.[hf]'"
+            ) from None
+        return load_file(str(path), device="cpu")
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,180 @@
+"""Evaluating a checkpoint at chosen context lengths: perplexity (bits per byte on byte-level
+data) and the loss by token position, the curve that shows whether a model uses far context.
+
+Windows come from the data config's validation split, exactly as the trainer evaluates
+(DataModule.val_batches: non-overlapping seq_len windows; synthetic recall generated from
+the seed), or, with a stride S < seq_len on a token corpus, from sliding windows S tokens apart
+that score only their last S tokens (every token scored once, each with at least
+seq_len - S tokens of context). A length beyond what the model was trained at uses its
+positions as configured: GPT-2's learned table interpolated (or copied) to the new length
+(model.init_positions), rotary positions as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from flashtrain.data.config import SyntheticConfig
+from flashtrain.data.lm import TokenCacheLM, lm_batch
+from flashtrain.data.registry import build_data, data_config
+from flashtrain.inference.generate import position_limit
+
+IGNORE_INDEX = -100
+DOCUMENT_FIELDS = ("cu_seqlens", "max_seqlen", "position_ids")
+
+
+@dataclass
+class LengthResult:
+    """One context length's numbers (nats per scored token)."""
+
+    seq_len: int
+    tokens: int  # scored tokens
+    loss: float
+    position_loss: list[float | None]  # per bucket, None where nothing was scored
+    position_tokens: list[int]
+    bucket_edges: list[int]  # bucket i covers positions [edges[i], edges[i + 1])
+    optimal_loss: float | None = None  # synthetic recall: the best any model can do
+    position_optimal: list[float | None] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss)
+
+    def bits_per_byte(self) -> float:
+        return self.loss / math.log(2)
+
+
+def bucket_edges(seq_len: int, buckets: int) -> list[int]:
+    """Log-spaced position buckets over [0, seq_len): fine near the start, coarse far out."""
+    edges = np.unique(np.round(np.geomspace(1, seq_len, buckets)).astype(int))
+    return [0, *[int(e) for e in edges if 0 < e < seq_len], seq_len]
+
+
+def _bucketed(values: np.ndarray, counts: np.ndarray, edges: list[int]):
+    sums = [float(values[a:b].sum()) for a, b in zip(edges, edges[1:])]
+    tokens = [int(counts[a:b].sum()) for a, b in zip(edges, edges[1:])]
+    return [s / n if n else None for s, n in zip(sums, tokens)], tokens
+
+
+@torch.no_grad()
+def token_losses(model, batch: dict, chunk: int = 1024) -> torch.Tensor:
+    """Per-token loss (B, T) float32 in nats, 0 where labels are IGNORE_INDEX; the logits exist
+    `chunk` positions at a time."""
+    device = model.output_weight().device
+    ids, labels = batch["input_ids"].to(device), batch["labels"].to(device)
+    extra = {k: batch[k].to(device) if torch.is_tensor(batch[k]) else batch[k]
+             for k in DOCUMENT_FIELDS if k in batch}  # fmt: skip
+    hidden = model.hidden_states(ids, **extra)  # (B, T, C)
+    weight = model.output_weight()
+    out = torch.zeros(labels.shape, dtype=torch.float32, device=device)
+    for start in range(0, ids.shape[1], chunk):
+        logits = (hidden[:, start : start + chunk] @ weight.t()).float()  # (B, c, V)
+        target = labels[:, start : start + chunk]
+        loss = F.cross_entropy(logits.transpose(1, 2), target, ignore_index=IGNORE_INDEX,
+                               reduction="none")  # fmt: skip
+        out[:, start : start + chunk] = loss
+    return out
+
+
+def sliding_windows(tokens, seq_len: int, stride: int, batch_size: int, max_batches: int | None):
+    """Batches of windows of seq_len + 1 tokens, `stride` apart from the start of `tokens`;
+    the first window scores every label, the others their last `stride` (the labels before are
+    IGNORE_INDEX): each token is scored once, with at least seq_len - stride tokens before it."""
+    starts = list(range(0, len(tokens) - seq_len, stride))
+    if not starts:
+        raise ValueError(
+            f"the split has {len(tokens)} tokens: fewer than one window of {seq_len + 1}"
+        )
+    if max_batches is not None:
+        starts = starts[: max_batches * batch_size]
+    for at in range(0, len(starts), batch_size):
+        chunk = starts[at : at + batch_size]
+        rows = np.stack([np.asarray(tokens[s : s + seq_len + 1]) for s in chunk])
+        batch = lm_batch(rows)
+        for row, s in enumerate(chunk):
+            if s > 0:
+                batch["labels"][row, : seq_len - stride] = IGNORE_INDEX
+        yield batch
+
+
+def windows(data_cfg, seq_len: int, *, stride: int | None, batch_size: int,
+            max_batches: int | None, seed: int) -> tuple[Iterable[dict], int | None]:  # fmt: skip
+    """(batches, how many) of one context length's evaluation windows."""
+    cfg = data_config(data_cfg)
+    if isinstance(cfg, SyntheticConfig) and max_batches is None:
+        max_batches = 8  # generated data has no natural size
+    data = build_data(cfg, seq_len=seq_len, micro_batch_size=batch_size, seed=seed,
+                      eval_batches=max_batches)  # fmt: skip
+    if data.task != "lm":
+        raise ValueError(
+            f"data {cfg.name!r} is a {data.task} task; evaluate takes language-model data"
+        )
+    if stride is None or stride >= seq_len:
+        batches = data.val_batches()
+        return batches, len(batches)
+    if not isinstance(data, TokenCacheLM):
+        raise ValueError(
+            f"--stride needs a token corpus (data loader lm_corpus without streaming); {cfg.name!r} "
+            "has no token array to slide over: drop --stride for non-overlapping windows"
+        )
+    tokens = data.splits["validation"].tokens
+    count = -(-max(len(tokens) - seq_len, 0) // stride)
+    count = -(-count // batch_size)
+    if max_batches is not None:
+        count = min(count, max_batches)
+    return sliding_windows(tokens, seq_len, stride, batch_size, max_batches), count
+
+
+def recall_position_optimum(cfg: SyntheticConfig, seq_len: int) -> np.ndarray | None:
+    """The best expected loss at each label position of synthetic recall (values only):
+    log(num_values) times the chance that the value's key is new, at label position 2j."""
+    if cfg.loss_on != "values":
+        return None
+    positions = np.arange(seq_len)
+    unseen = (1.0 - 1.0 / cfg.num_keys) ** (positions // 2)
+    return np.where(positions % 2 == 0, math.log(cfg.num_values) * unseen, np.nan)
+
+
+def evaluate_length(model, data_cfg, seq_len: int, *, stride: int | None = None,
+                    batch_size: int = 8, max_batches: int | None = None, seed: int = 1234,
+                    buckets: int = 16, progress=None) -> LengthResult:  # fmt: skip
+    """The loss of `model` on seq_len windows of data_cfg (see the module docstring)."""
+    limit = position_limit(model)
+    if limit is not None and seq_len > limit:
+        raise ValueError(f"seq_len {seq_len} exceeds the model's {limit} positions")
+    batches, count = windows(data_cfg, seq_len, stride=stride, batch_size=batch_size,
+                             max_batches=max_batches, seed=seed)  # fmt: skip
+    sums = np.zeros(seq_len)
+    counts = np.zeros(seq_len, dtype=np.int64)
+    bar = progress(total=count, desc=f"seq_len {seq_len}") if progress else None
+    for batch in batches:
+        losses = token_losses(model, batch)  # (B, T)
+        scored = (batch["labels"] != IGNORE_INDEX).to(losses.device)
+        sums += losses.sum(0).double().cpu().numpy()
+        counts += scored.sum(0).cpu().numpy()
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    total = int(counts.sum())
+    if total == 0:
+        raise ValueError(f"no token was scored at seq_len {seq_len}: the split is too small")
+    edges = bucket_edges(seq_len, buckets)
+    position_loss, position_tokens = _bucketed(sums, counts, edges)
+    result = LengthResult(seq_len, total, float(sums.sum() / total), position_loss,
+                          position_tokens, edges)  # fmt: skip
+    cfg = data_config(data_cfg)
+    if isinstance(cfg, SyntheticConfig):
+        optimum = recall_position_optimum(cfg, seq_len)
+        if optimum is not None:
+            weights = np.where(np.isnan(optimum), 0.0, counts)
+            result.optimal_loss = float((np.nan_to_num(optimum) * weights).sum() / weights.sum())
+            result.position_optimal, _ = _bucketed(np.nan_to_num(optimum) * weights, weights, edges)
+    return result

@@ -1,0 +1,123 @@
+"""`python scripts/evaluate.py CKPT --seq-len N [N ...] [--data NAME [KEY=VALUE ...]]
+[--stride S] [--batches K] [--out DIR]`: perplexity and loss by token position of a checkpoint
+at each context length (flashtrain.inference.evaluate), written as eval.json, eval.md and
+loss_by_position.png (default folder: <run>/eval/step_NNNNNN).
+
+--data defaults to the run's own data config; otherwise a config of configs/data/ with
+overrides of its keys, e.g. `--data text_files data_files='corpus/*.txt'` or `--data pysrc`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from flashtrain.data.registry import data_config
+from flashtrain.inference import evaluate_report
+from flashtrain.inference.checkpoint import load_for_inference, run_tokenizer
+from flashtrain.inference.evaluate import evaluate_length
+from flashtrain.inference.generate import position_limit
+from flashtrain.train.checkpoint_manifest import CheckpointError
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("checkpoint", help="a checkpoint, a checkpoints folder or a run directory")
+    p.add_argument("--seq-len", type=int, nargs="+", required=True, help="context lengths")
+    p.add_argument("--data", nargs="+", metavar=("NAME", "KEY=VALUE"),
+                   help="a configs/data/ config and overrides (default: the run's data)")  # fmt: skip
+    p.add_argument("--stride", type=int, default=None,
+                   help="sliding windows this far apart (token corpora); default: non-overlapping")  # fmt: skip
+    p.add_argument("--batches", type=int, default=None,
+                   help="at most this many batches per length (default: the whole split; 8 for synthetic)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--buckets", type=int, default=16, help="position buckets (log-spaced)")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def composed_data_config(name: str, overrides: list[str]):
+    """configs/data/<name>.yaml with KEY=VALUE overrides, composed as train.py composes it."""
+    from hydra import compose, initialize_config_dir
+
+    from flashtrain.train import register_schemas
+
+    register_schemas()
+
+    if not CONFIGS.is_dir():
+        raise ValueError(f"--data needs the configs folder ({CONFIGS}), which is missing")
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"data={name}", *(f"data.{kv}" for kv in overrides)])
+    return OmegaConf.to_container(cfg.data, resolve=True)
+
+
+def _progress(disabled: bool):
+    if disabled:
+        return None
+    from tqdm import tqdm
+
+    return lambda **kw: tqdm(unit="batch", file=sys.stderr, **kw)
+
+
+def run(args) -> list[Path]:
+    loaded = load_for_inference(args.checkpoint, args.device)
+    if args.data:
+        data = composed_data_config(args.data[0], args.data[1:])
+    else:
+        data = OmegaConf.to_container(loaded.config.data, resolve=True)
+    cfg = data_config(data)
+    trained = int(loaded.config.model.max_seq_len)
+    bits_per_byte = run_tokenizer(data).name.startswith("byte")
+    models = {None: loaded.model}
+    results = []
+    for seq_len in args.seq_len:
+        if seq_len < 2:
+            raise ValueError(f"--seq-len values must be >= 2, got {seq_len}")
+        model, notes = loaded.model, []
+        limit = position_limit(loaded.model)
+        if limit is not None and seq_len > limit:
+            mode = loaded.config.model.get("init_positions", "interpolate")
+            if seq_len not in models:
+                models[seq_len] = load_for_inference(
+                    loaded.path, args.device, max_seq_len=seq_len, position_mode=mode
+                ).model
+            model, notes = models[seq_len], [f"learned positions {mode}d from {limit}"]
+        elif seq_len > trained:
+            notes = [f"beyond the trained {trained} tokens"]
+        result = evaluate_length(
+            model, data, seq_len, stride=args.stride, batch_size=args.batch_size,
+            max_batches=args.batches, seed=int(loaded.config.seed), buckets=args.buckets,
+            progress=_progress(args.no_progress),
+        )  # fmt: skip
+        result.notes += notes
+        results.append(result)
+    stride = args.stride if args.stride and args.stride < max(args.seq_len) else None
+    windows = f"sliding windows, stride {stride}" if stride else "non-overlapping windows"
+    facts = {**loaded.facts(), "trained_seq_len": trained}
+    data_facts = dict(name=cfg.name, loader=cfg.loader, split="validation", windows=windows)
+    report = evaluate_report.payload(facts, data_facts, results, bits_per_byte)
+    out = args.out or loaded.path.parent.parent / "eval" / loaded.path.name
+    return evaluate_report.write(report, out)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        paths = run(args)
+    except (ValueError, CheckpointError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(paths[1].read_text())
+    for path in paths:
+        print(f"wrote {path}")
+    return 0

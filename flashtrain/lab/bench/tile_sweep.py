@@ -1,0 +1,159 @@
+"""The tile-config sweep of the GPU suite: time candidate configs of each kernel kind of
+kernels/tuning.py against the built-in rules, keep the fastest per (kind, head_dim, dtype), and
+return them as a per-GPU table (kernels/tuning_tables/<gpu-slug>.json).
+
+Kinds are timed where they run: fwd on the forward; dkdv on forward + backward with the default
+deterministic=False (its atomic-dQ pass); dq on forward + backward with deterministic=True, with
+dkdv's winner in place. Each kind's pointer-load candidates go first; the two fastest are then
+timed again with tensor-descriptor (TMA) loads, where the GPU and Triton have them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from flashtrain.attention import flash_attn_func
+from flashtrain.kernels import tma, tuning
+from flashtrain.kernels.tuning import TileConfig
+from flashtrain.lab.bench import baselines, measure
+from flashtrain.lab.bench.attention_rows import random_qkv
+
+# (block_m, block_n, num_warps, num_stages). Configs that do not fit a GPU's shared memory are
+# trimmed by tuning.fit_shared_memory (recorded as the config actually timed); one that fails
+# to launch is recorded as failed and never chosen.
+CANDIDATES = {
+    # fwd: block_m queries held, block_n keys streamed
+    "fwd": [
+        (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 4, 2), (128, 64, 4, 3),
+        (128, 64, 8, 3), (128, 64, 4, 4), (128, 64, 8, 2), (64, 64, 4, 3),
+    ],
+    # dkdv: block_n keys held, block_m queries streamed
+    "dkdv": [
+        (64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2),
+        (64, 128, 8, 1), (128, 128, 8, 2), (64, 128, 4, 2),
+    ],
+    # dq: block_m queries held, block_n keys streamed
+    "dq": [
+        (128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (128, 64, 4, 3),
+        (64, 32, 4, 2), (128, 128, 8, 2),
+    ],
+}  # fmt: skip
+TMA_RETRIES = 2  # the fastest pointer configs timed again with descriptor loads
+
+
+def _timed(kind: str, q, k, v, rep: int, device) -> float | None:
+    """Summed median ms over causal and not: the forward (fwd) or forward + backward (dkdv with
+    the atomic-dQ backward, dq with the deterministic one)."""
+    total = 0.0
+    deterministic = kind == "dq"
+    for causal in (False, True):
+        fwd = lambda causal=causal: flash_attn_func(  # noqa: E731
+            q, k, v, causal=causal, deterministic=deterministic
+        )
+        fn = fwd if kind == "fwd" else baselines.with_backward(fwd, (q, k, v))
+        try:
+            m = measure.measure(fn, rep=rep, device=device)
+        except Exception as err:  # noqa: BLE001  (triton's OutOfResources is no RuntimeError)
+            return _failed(err)
+        if m.ms is None:
+            return None
+        total += m.ms
+    return total
+
+
+def _failed(err: Exception) -> None:
+    print(f"  config failed: {type(err).__name__}: {str(err).splitlines()[0][:100]}", flush=True)
+
+
+def _sweep_kind(kind, key, q, k, v, pool, rep, device, hooks: Hooks) -> TileConfig | None:
+    """Time the built-in config and every candidate of one kind; the winner, if it beats the
+    built-in one."""
+    builtin = _timed(kind, q, k, v, rep, device)
+    timed: list[tuple[float, TileConfig]] = []
+
+    def time_one(cfg: TileConfig) -> None:
+        reason = hooks.why_not()
+        if reason:
+            hooks.row({"key": key, "config": cfg.__dict__, "note": f"skipped: {reason}"})
+            return
+        with tuning.overridden(kind, cfg):
+            ms = _timed(kind, q, k, v, rep, device)
+        ratio = builtin / ms if ms and builtin else None
+        hooks.row({"key": key, "config": cfg.__dict__, "ms": ms, "builtin_ms": builtin,
+                   "speedup_vs_builtin": ratio})  # fmt: skip
+        label = f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+        print(
+            f"  {key} {label}{' tma' if cfg.tma else ''}: {ms} ms (built-in {builtin})", flush=True
+        )
+        if ms is not None:
+            timed.append((ms, cfg))
+
+    for cfg in pool:
+        time_one(cfg)
+    if hooks.tma_ok and tma.available(torch.device(device)):
+        fastest = [cfg for _, cfg in sorted(timed, key=lambda t: t[0])[:TMA_RETRIES]]
+        for cfg in fastest:
+            time_one(replace(cfg, tma=True))
+    if not timed:
+        return None
+    best_ms, best = min(timed, key=lambda t: t[0])
+    return best if builtin is None or best_ms < builtin else None
+
+
+@dataclass
+class Hooks:
+    """How the caller follows and stops a sweep: why_not() -> a reason to time no further
+    config (or None); row(r) after every config, winners(w) after every kind (so the caller can
+    write both as they come); tma_ok: descriptor-load retries allowed (their correctness passed)."""
+
+    why_not: Callable[[], str | None] = lambda: None
+    row: Callable[[dict], None] = lambda r: None
+    winners: Callable[[dict[str, TileConfig]], None] = lambda w: None
+    tma_ok: bool = True
+
+
+def sweep(
+    *, head_dims, dtype, seqlen, tokens, rep, device, hooks: Hooks, candidates=None
+) -> dict[str, TileConfig]:
+    """Winning configs by table key; every timed (key, config) goes to hooks.row with its ratio
+    to the built-in config. candidates: {kind: [(block_m, block_n, warps, stages), ...]} in
+    place of CANDIDATES."""
+    winners: dict[str, TileConfig] = {}
+    pools = candidates or CANDIDATES
+    for head_dim in head_dims:
+        heads = max(1, 2048 // head_dim)
+        q, k, v = random_qkv(
+            max(1, tokens // seqlen), seqlen, heads, head_dim, device=device, dtype=dtype
+        )
+        block_d = tuning.block_d_for(head_dim)
+        limit = tuning.max_shared_memory(torch.device(device))
+        for kind in tuning.KINDS:
+            key = tuning.table_key(kind, head_dim, dtype)
+            pool = []
+            for m, n, warps, stages in pools.get(kind, ()):
+                cfg = TileConfig(m, n, block_d, warps, stages)
+                cfg = tuning.fit_shared_memory(kind, cfg, dtype.itemsize, limit)
+                if cfg not in pool:
+                    pool.append(cfg)
+            # dq is timed with dkdv's winner in place (the backward it runs in)
+            dkdv_winner = winners.get(tuning.table_key("dkdv", head_dim, dtype))
+            in_place = (
+                tuning.overridden("dkdv", dkdv_winner)
+                if kind == "dq" and dkdv_winner
+                else contextlib.nullcontext()
+            )
+            with in_place:
+                best = _sweep_kind(kind, key, q, k, v, pool, rep, device, hooks)
+            if best is not None:
+                winners[key] = best
+            hooks.winners(winners)
+    return winners
+
+
+def table_for(device, winners: dict[str, TileConfig]) -> dict:
+    name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
+    return tuning.table_payload(name, winners)

@@ -1,0 +1,27 @@
+"""The paper's experiments as data, and the driver that runs them (scripts/reproduce.py).
+
+plan(experiment, scale, data=None) -> ScalePlan      the runs, their cost and needs
+driver.execute(plan, out_dir, ...)                    print, run what is unfinished, report
+"""
+
+from __future__ import annotations
+
+from flashtrain.lab.experiments.spec import (
+    EXPERIMENT_NAMES,
+    SCALES,
+    Run,
+    ScalePlan,
+    plan_from_table,
+)
+from flashtrain.lab.experiments.tables import TABLES
+
+
+def plan(experiment: str, scale: str, data: str | None = None) -> ScalePlan:
+    if experiment not in TABLES:
+        raise ValueError(f"unknown experiment '{experiment}'; choose one of {', '.join(TABLES)}")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale '{scale}'; choose one of {', '.join(SCALES)}")
+    return plan_from_table(experiment, scale, TABLES[experiment][scale], data)
+
+
+__all__ = ["EXPERIMENT_NAMES", "SCALES", "Run", "ScalePlan", "plan"]

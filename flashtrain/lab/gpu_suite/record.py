@@ -1,0 +1,165 @@
+"""The suite's record on disk and its stop rules: OUT/suite.json and OUT/summary.md rewritten
+atomically after every measurement, so a call killed at any second returns everything measured
+until then; SIGINT/SIGTERM and the budget stop it at the next measurement boundary.
+
+A section holds its planned measurements and, for each, "ok", "failed: why" or "skipped: why".
+It is "done" only when every planned measurement finished ok; otherwise its status says what
+failed or what stopped it ("incomplete: 3 of 8 measured (stopped by SIGINT)").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+STATE_FILE = "suite.json"
+SUMMARY_FILE = "summary.md"
+
+
+class SectionFailed(Exception):
+    """A whole section cannot run here (a wheel missing, no such feature); the message says why."""
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Readers (and a copy taken when the call is killed) never see half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Record:
+    def __init__(self, out: Path, budget_s: float, render: Callable[[dict], str], derive=None):
+        """render(state) -> summary.md's text; derive(state) updates computed fields first."""
+        self.out = out
+        self.render = render
+        self.derive = derive
+        path = out / STATE_FILE  # earlier calls' sections stay (a session splits the protocol)
+        self.state = json.loads(path.read_text()) if path.is_file() else {}
+        self.state.setdefault("runs", [])
+        self.state.setdefault("sections", {})
+        self.deadline = time.monotonic() + budget_s
+        self.stop_reason: str | None = None
+        self._signals = 0
+        self._previous_handlers: dict = {}
+
+    # ---- stopping ----------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        """The first SIGINT/SIGTERM asks for a stop at the next measurement boundary; a second
+        one interrupts at once (KeyboardInterrupt), and the record is still written."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def restore_signal_handlers(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers = {}
+
+    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
+        self._signals += 1
+        name = signal.Signals(signum).name
+        self.stop(f"stopped by {name}")
+        print(f"[suite] {name}: stopping at the next measurement boundary", flush=True)
+        if self._signals > 1:
+            raise KeyboardInterrupt(name)
+
+    def stop(self, reason: str) -> None:
+        self.stop_reason = self.stop_reason or reason
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    # ---- writing -----------------------------------------------------------------------------
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.derive:
+            self.derive(self.state)
+        write_atomic(self.out / STATE_FILE, json.dumps(self.state, indent=2, default=str) + "\n")
+        write_atomic(self.out / SUMMARY_FILE, self.render(self.state))
+
+    def section(self, name: str) -> Section:
+        return Section(self, name)
+
+
+class Section:
+    """One section of this call: plan its measurements, run each through measure()."""
+
+    def __init__(self, record: Record, name: str):
+        self.record = record
+        self.name = name
+        self.started = time.monotonic()
+        self.deadline = record.deadline
+        self.data = record.state["sections"][name] = {
+            "status": "running",
+            "planned": [],
+            "measured": {},
+            "rows": [],
+        }
+        record.save()
+
+    def plan(self, names: list[str]) -> None:
+        self.data["planned"] = list(names)
+        self.record.save()
+
+    def why_not(self) -> str | None:
+        """Why no further measurement may start now, or None."""
+        if self.record.stop_reason:
+            return self.record.stop_reason
+        if time.monotonic() > self.deadline:
+            return "budget"
+        return None
+
+    def measure(self, name: str, fn: Callable[[], list[dict] | dict | None]):
+        """Run one planned measurement; its rows go to the section's rows. Returns its result,
+        or None when it did not run or failed (the reason is on record)."""
+        if name not in self.data["planned"]:
+            self.data["planned"].append(name)
+        reason = self.why_not()
+        if reason:
+            self.data["measured"][name] = f"skipped: {reason}"
+            return None
+        start = time.monotonic()
+        try:
+            result = fn()
+        except SectionFailed:
+            raise
+        except Exception as err:  # noqa: BLE001  (one failure must not lose the rest)
+            self.data["measured"][name] = f"failed: {type(err).__name__}: {str(err)[:300]}"
+            self.data.setdefault("tracebacks", {})[name] = traceback.format_exc()[-3000:]
+            print(f"  {name}: FAILED {type(err).__name__}: {str(err)[:200]}", flush=True)
+            result = None
+        else:
+            self.data["measured"][name] = "ok"
+            rows = result if isinstance(result, list) else [result] if result else []
+            self.data["rows"] += [dict(row, measurement=name) for row in rows]
+        self.data.setdefault("measure_seconds", {})[name] = round(time.monotonic() - start, 2)
+        self.record.save()
+        return result
+
+    def finish(self, failure: str | None = None) -> str:
+        """Set the section's status from its measurements (or a whole-section failure)."""
+        measured = self.data["measured"]
+        planned = self.data["planned"]
+        failed = [n for n in planned if str(measured.get(n, "")).startswith("failed")]
+        unrun = [n for n in planned if n not in measured or measured[n].startswith("skipped")]
+        if failure:
+            status = f"failed: {failure}"
+        elif failed:
+            status = f"failed: {len(failed)} of {len(planned)} failed (first: {failed[0]}: "
+            status += f"{measured[failed[0]][len('failed: ') :][:200]})"
+        elif unrun:
+            why = {measured.get(n, "skipped: not reached")[len("skipped: ") :] for n in unrun}
+            status = f"incomplete: {len(planned) - len(unrun)} of {len(planned)} measured "
+            status += f"({', '.join(sorted(why))})"
+        else:
+            status = "done"
+        self.data["status"] = status
+        self.data["seconds"] = round(time.monotonic() - self.started, 1)
+        self.record.save()
+        return status

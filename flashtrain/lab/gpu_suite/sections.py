@@ -1,0 +1,408 @@
+"""The suite's sections, each a list of measurements run through Section.measure (so every one
+is on disk the moment it finishes). Sizes are the real ones on a GPU and toys in the dry run.
+
+    environment  GPU, driver, torch, triton, CUDA, commit, the wheels present and missing
+    peaks        bf16 8192^3 matmul, device-to-device copy bandwidth
+    correctness  what the defaults run (bf16, the load path the config picks, hd 64/128, causal and
+                 not, GQA, varlen, block-sparse, both backward modes) vs float32 math
+    attention    the targets: fwd and fwd+bwd at hd 128 and 64, causal and not, 4K and 16K, ours vs
+                 SDPA's FLASH and CUDNN backends; block-sparse vs FlexAttention at one density
+                 (the only FlexAttention compile of the suite)
+    training     GPT-2 small at 1K through the trainer, compiled, flash vs sdpa: tokens/s and MFU
+    long         64K tokens fwd+bwd: time and peak memory
+    sweep        descriptor-load correctness, then the tile configs; the per-GPU table as it goes
+    pytest       `pytest -m gpu` with its own budget, its log and junit kept
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from flashtrain.attention import flash_attn_func, sparsity
+from flashtrain.kernels import tuning
+from flashtrain.lab.bench import baselines, correctness, measure, results, tile_sweep, training
+from flashtrain.lab.bench.attention_rows import bench_method, random_qkv, skipped_rows
+from flashtrain.lab.checkout import TESTS
+from flashtrain.lab.gpu_suite.record import Record, Section, SectionFailed
+
+# The Python modules each section needs beyond torch and triton (the GPU image lacks hydra):
+# a missing one is named at start and fails only the sections that need it.
+NEEDS = {"training": ("hydra", "omegaconf"), "pytest": ("pytest",)}
+OPTIONAL = ("matplotlib",)  # the plots; without it the figures are in suite.json and summary.md
+WHEELS_HINT = "carry their wheels in .whl/ (docs/gpu_session.md)"
+PYTEST_JUNIT, PYTEST_LOG = "pytest-junit.xml", "pytest.log"
+ATTENTION_METHODS = ("flashtrain", "sdpa_flash_attention", "sdpa_cudnn_attention")
+# (head_dim, causal) in the order of the targets' value: the issue-12 targets' shapes first
+ATTENTION_ORDER = ((128, False), (64, True), (128, True), (64, False))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    dtype: torch.dtype
+    head_dims: tuple[int, ...]  # the attention and sweep head dims (targets' first)
+    seqlens: tuple[int, ...]  # the attention targets' lengths
+    tokens: int  # per attention batch (batch = tokens // seqlen)
+    hidden: int  # heads * head_dim
+    sparse: tuple[int, int, int]  # block-sparse: seqlen, block size, window in blocks
+    matmul_n: int
+    copy_mib: int
+    long: tuple[int, int, int, int]  # 64K run: batch, seqlen, heads, head_dim
+    train_seqlen: int
+    train_steps: int
+    train_compile: bool
+    sweep_seqlen: int
+    rep: int
+
+    @classmethod
+    def for_run(cls, dry: bool, rep: int) -> Sizes:
+        if dry:  # toys on CPU: the code paths, no figure
+            return cls(torch.float32, (32, 16), (64, 128), 256, 64, (256, 64, 1), 256, 8,
+                       (1, 256, 2, 16), 64, 6, False, 64, 2)  # fmt: skip
+        return cls(torch.bfloat16, (128, 64), (4096, 16384), 16384, 2048, (16384, 128, 8), 8192,
+                   1024, (1, 65536, 16, 128), 1024, 20, True, 4096, rep)  # fmt: skip
+
+
+@dataclass
+class Suite:
+    record: Record
+    out: Path
+    dry: bool
+    sizes: Sizes
+    pytest_args: tuple[str, ...]
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.dry else "cuda"
+
+
+def missing_modules(names) -> list[str]:
+    """The modules of `names` that cannot be imported here (not installed, or blocked)."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # ValueError: blocked (None in sys.modules)
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def _free_cuda() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---- environment, peaks ------------------------------------------------------------------------
+
+
+def gpu_driver() -> str | None:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout else None
+
+
+def environment(suite: Suite) -> dict:
+    env = measure.environment()
+    env["driver"] = gpu_driver()
+    env["dry_run"] = suite.dry
+    needed = sorted({m for mods in NEEDS.values() for m in mods})
+    env["missing_modules"] = missing_modules(needed + list(OPTIONAL))
+    return env
+
+
+def section_environment(suite: Suite, sec: Section) -> None:
+    sec.plan(["environment"])
+    env = sec.measure("environment", lambda: environment(suite))
+    if env:
+        suite.record.state["runs"][-1].update(env)  # the header of summary.md
+
+
+def section_peaks(suite: Suite, sec: Section) -> None:
+    z = suite.sizes
+    sec.plan(["bf16 matmul", "copy bandwidth"])
+    sec.measure("bf16 matmul", lambda: {"matmul_n": z.matmul_n, "matmul_peak_tflops":
+                measure.matmul_peak_tflops(z.matmul_n, device=suite.device)})  # fmt: skip
+    sec.measure("copy bandwidth", lambda: {"copy_mib": z.copy_mib, "copy_bandwidth_gbs":
+                measure.copy_bandwidth_gbs(z.copy_mib, device=suite.device)})  # fmt: skip
+
+
+def peaks(state: dict) -> dict:
+    """{"matmul_peak_tflops": .., "copy_bandwidth_gbs": ..} from the peaks section's rows."""
+    found = {}
+    for row in state["sections"].get("peaks", {}).get("rows", []):
+        found.update({k: v for k, v in row.items() if k.endswith(("_tflops", "_gbs"))})
+    return found
+
+
+# ---- correctness -------------------------------------------------------------------------------
+
+
+def run_cases(suite: Suite, sec: Section, cases) -> None:
+    sec.plan([c.name for c in cases])
+    for case in cases:
+        row = sec.measure(case.name, lambda case=case: correctness.check_case(case, suite.device))
+        if row:
+            print(f"  {case.name}: {'ok' if row['passed'] else 'WRONG'}", flush=True)
+
+
+def section_correctness(suite: Suite, sec: Section) -> None:
+    run_cases(suite, sec, correctness.default_cases(suite.dry))
+    rows = sec.data["rows"]
+    sec.data["passed"] = bool(rows) and all(r["passed"] for r in rows)
+
+
+# ---- attention ---------------------------------------------------------------------------------
+
+
+def _dense_name(head_dim, causal, seqlen, method) -> str:
+    return f"hd{head_dim} {'causal' if causal else 'full'} S={seqlen} {method}"
+
+
+def section_attention(suite: Suite, sec: Section) -> None:
+    """The targets' shapes first (hd128 full, hd64 causal), then block-sparse vs FlexAttention
+    (also a target), then the remaining head-dim / causal pairs."""
+    z = suite.sizes
+    order = [(d, c) for d, c in ATTENTION_ORDER if d in z.head_dims] or [
+        (d, c) for d in z.head_dims for c in (False, True)
+    ]  # the dry run's toy head dims: every pair
+    targets, rest = order[:2], order[2:]
+    sparse_names = ["blocksparse flashtrain", "blocksparse flex", "blocksparse dense flashtrain"]
+    names = [
+        _dense_name(d, c, s, m) for d, c in targets for s in z.seqlens for m in ATTENTION_METHODS
+    ]
+    names += sparse_names
+    names += [
+        _dense_name(d, c, s, m) for d, c in rest for s in z.seqlens for m in ATTENTION_METHODS
+    ]
+    sec.plan(names)
+    dense_shapes(suite, sec, targets)
+    blocksparse(suite, sec, sparse_names)
+    dense_shapes(suite, sec, rest)
+
+
+def dense_shapes(suite: Suite, sec: Section, pairs) -> None:
+    """Ours and SDPA's FLASH and CUDNN backends at every length, for each (head_dim, causal)."""
+    z = suite.sizes
+    for head_dim, causal, seqlen in [(d, c, s) for d, c in pairs for s in z.seqlens]:
+        names = [_dense_name(head_dim, causal, seqlen, m) for m in ATTENTION_METHODS]
+        if sec.why_not():
+            for name in names:
+                sec.measure(name, lambda: None)  # recorded as skipped, with the reason
+            continue
+        batch, heads = max(1, z.tokens // seqlen), z.hidden // head_dim
+        dims = (batch, heads, seqlen, head_dim)
+        q, k, v = random_qkv(batch, seqlen, heads, head_dim, device=suite.device, dtype=z.dtype)
+        methods = baselines.dense_methods(q, k, v, causal=causal, names=ATTENTION_METHODS)
+        for name, method in zip(names, (methods[m] for m in ATTENTION_METHODS)):
+            label = name.rsplit(" ", 1)[1]
+
+            def run(label=label, method=method, dims=dims, causal=causal):
+                if isinstance(method, str):  # this backend cannot run here: a finished row
+                    return skipped_rows(label, method, dims, causal)
+                return bench_method(label, *method, dims, causal, z.rep, device=suite.device)
+
+            rows = sec.measure(name, run)
+            if rows:
+                print(f"  {name}: fwd {rows[0]['ms']} ms, fwd+bwd {rows[1]['ms']} ms", flush=True)
+        _free_cuda()
+
+
+def blocksparse(suite: Suite, sec: Section, names: list[str]) -> None:
+    """Ours vs FlexAttention with the same BlockMask (a local layout), and dense for scale."""
+    z = suite.sizes
+    if sec.why_not():
+        for name in names:
+            sec.measure(name, lambda: None)
+        return
+    seqlen, block, window = z.sparse
+    head_dim = z.head_dims[0]
+    layout = sparsity.PATTERNS["local"](seqlen, block_size=block, window_blocks=window)
+    batch, heads = max(1, z.tokens // seqlen), z.hidden // head_dim
+    q, k, v = random_qkv(batch, seqlen, heads, head_dim, device=suite.device, dtype=z.dtype)
+    dims = (batch, heads, seqlen, head_dim)
+    kept = layout.tables(seqlen, seqlen, False, suite.device).blocks_visited()
+    density = kept / layout.block_mask[0].numel()
+    variant = f"blocksparse {layout.name}" if hasattr(layout, "name") else "blocksparse"
+    methods = baselines.blocksparse_methods(q, k, v, layout, causal=False)
+    methods["dense"] = (lambda: flash_attn_func(q, k, v), (q, k, v))
+    for name, key in zip(names, ("flashtrain", "flex", "dense")):
+        method, row_variant = methods[key], variant if key != "dense" else "blocksparse dense"
+        d = density if key != "dense" else 1.0
+        label = "flashtrain" if key == "dense" else key
+
+        def run(method=method, row_variant=row_variant, d=d, label=label):
+            if isinstance(method, str):
+                return skipped_rows(label, method, dims, False, d, row_variant)
+            return bench_method(label, *method, dims, False, z.rep, d, row_variant, suite.device)
+
+        sec.measure(name, run)
+
+
+# ---- training, long ----------------------------------------------------------------------------
+
+
+def section_training(suite: Suite, sec: Section) -> None:
+    z = suite.sizes
+    mode = "compiled" if z.train_compile else "eager (dry run)"
+    names = [f"gpt2 S={z.train_seqlen} {a} {mode}" for a in ("flash", "sdpa")]
+    sec.plan(names)
+    missing = missing_modules(NEEDS["training"])
+    if missing:
+        raise SectionFailed(f"{', '.join(missing)} missing: {WHEELS_HINT}")
+    from flashtrain.train.faults import Preempted
+
+    for name, attention in zip(names, ("flash", "sdpa")):
+
+        def run(attention=attention):
+            with tempfile.TemporaryDirectory(prefix="suite-train-") as run_dir:
+                try:
+                    return training.run_training(z.train_seqlen, attention, z.train_compile,
+                                                 z.train_steps, Path(run_dir), suite.dry)  # fmt: skip
+                except Preempted:  # the trainer took the SIGTERM: stop the suite too
+                    suite.record.stop("stopped by SIGTERM")
+                    raise
+                finally:
+                    _free_cuda()
+
+        row = sec.measure(name, run)
+        if row:
+            print(f"  {name}: {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu_percent']}%")
+
+
+def section_long(suite: Suite, sec: Section) -> None:
+    batch, seqlen, heads, head_dim = suite.sizes.long
+    names = [f"S={seqlen} {'causal' if c else 'full'} fwd+bwd" for c in (True, False)]
+    sec.plan(names)
+    if sec.why_not():
+        for name in names:
+            sec.measure(name, lambda: None)
+        return
+    q, k, v = random_qkv(
+        batch, seqlen, heads, head_dim, device=suite.device, dtype=suite.sizes.dtype
+    )
+    dims = (batch, heads, seqlen, head_dim)
+    for name, causal in zip(names, (True, False)):
+        fwd = lambda causal=causal: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+        sec.measure(name, lambda fwd=fwd, causal=causal: bench_method(
+            "flashtrain", fwd, (q, k, v), dims, causal, 2 if suite.dry else 5, device=suite.device))  # fmt: skip
+
+
+# ---- sweep -------------------------------------------------------------------------------------
+
+
+def table_file(device_name: str) -> str:
+    return f"tuning-table-{tuning.gpu_slug(device_name)}.json"
+
+
+def section_sweep(suite: Suite, sec: Section) -> None:
+    """Descriptor loads are checked first: only if every such case passes may the sweep retry
+    its fastest configs with them (and so write "tma": true into the table)."""
+    z, device = suite.sizes, suite.device
+    from flashtrain.kernels import tma
+
+    if tma.available(torch.device(device)) and not suite.dry:
+        run_cases(suite, sec, correctness.descriptor_cases(suite.dry))
+    checks = [r for r in sec.data["rows"] if "passed" in r]
+    tma_ok = bool(checks) and all(r["passed"] for r in checks)
+    sec.data["tma_allowed"] = tma_ok
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    sec.data["table_file"] = table_file(name)
+
+    def row(r: dict) -> None:
+        c = r["config"]
+        label = f"{r['key']} {c['block_m']}x{c['block_n']} w{c['num_warps']} s{c['num_stages']}"
+        label += " tma" if c.get("tma") else ""
+        note = r.get("note", "")
+        sec.data["measured"][label] = note if note.startswith("skipped") else "ok"
+        sec.data["planned"].append(label)
+        sec.data["rows"].append(dict(r, measurement=label))
+        suite.record.save()
+
+    def winners(found) -> None:
+        table = tile_sweep.table_for(device, found)
+        sec.data["table"] = table
+        results.write_json(suite.out / sec.data["table_file"], table)
+        suite.record.save()
+
+    hooks = tile_sweep.Hooks(why_not=sec.why_not, row=row, winners=winners, tma_ok=tma_ok)
+    tiny = {"fwd": [(32, 16, 4, 1)], "dkdv": [(16, 32, 4, 1)], "dq": [(32, 16, 4, 1)]}
+    tile_sweep.sweep(head_dims=z.head_dims[-1:] if suite.dry else z.head_dims, dtype=z.dtype,
+                     seqlen=z.sweep_seqlen, tokens=z.tokens if not suite.dry else 128,
+                     rep=z.rep, device=device, hooks=hooks,
+                     candidates=tiny if suite.dry else None)  # fmt: skip
+
+
+# ---- pytest ------------------------------------------------------------------------------------
+
+
+def pytest_summary(log: str) -> str:
+    """pytest's last summary line ("3 failed, 60 passed, 8 skipped in 200.1s") or ""."""
+    lines = [ln.strip("= ") for ln in log.splitlines() if " in " in ln and ("passed" in ln
+             or "failed" in ln or "skipped" in ln or "error" in ln or "deselected" in ln)]  # fmt: skip
+    return lines[-1] if lines else ""
+
+
+def section_pytest(suite: Suite, sec: Section) -> None:
+    """`pytest -m gpu` in a subprocess; its output streams into OUT/pytest.log. At the section's
+    deadline (or on a stop) pytest gets SIGINT, which still writes its junit file."""
+    sec.plan(["pytest -m gpu"])
+    missing = missing_modules(NEEDS["pytest"])
+    if missing:
+        raise SectionFailed(f"{', '.join(missing)} missing: {WHEELS_HINT}")
+
+    def run() -> dict:
+        # -p flashtrain.lab.checkout: the tests import flashtrain.kernels from an uninstalled tree
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "flashtrain.lab.checkout", "-q", "-rfE",
+               f"--junitxml={suite.out / PYTEST_JUNIT}", *suite.pytest_args]  # fmt: skip
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(suite.out / PYTEST_LOG, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    cwd=TESTS.parent, start_new_session=True)  # fmt: skip
+            stopped = None
+            while proc.poll() is None:
+                stopped = stopped or sec.why_not()
+                if stopped:
+                    os.killpg(proc.pid, signal.SIGINT)  # pytest writes its junit on SIGINT
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    break
+                time.sleep(0.5)
+        code = proc.wait()
+        text = (suite.out / PYTEST_LOG).read_text(errors="replace")
+        summary = pytest_summary(text)
+        print(f"  pytest: exit {code}: {summary}", flush=True)
+        if stopped:
+            raise RuntimeError(f"interrupted ({stopped}) after: {summary or 'nothing'}")
+        if code not in (0, 5):  # 5: nothing collected (the dry run's CPU selection)
+            raise RuntimeError(f"exit {code}: {summary}")
+        return {"exit_code": code, "summary": summary, "log": PYTEST_LOG, "junit": PYTEST_JUNIT}
+
+    sec.measure("pytest -m gpu", run)
+
+
+SECTIONS = {
+    "environment": section_environment,
+    "peaks": section_peaks,
+    "correctness": section_correctness,
+    "attention": section_attention,
+    "training": section_training,
+    "long": section_long,
+    "sweep": section_sweep,
+    "pytest": section_pytest,
+}

@@ -1,0 +1,140 @@
+"""summary.md: the suite's figures as markdown tables, rebuilt from suite.json's state after
+every measurement (the targets are derived here, from the attention rows and the peaks)."""
+
+from __future__ import annotations
+
+from flashtrain.lab.bench import results
+from flashtrain.lab.gpu_suite.targets import target_ratios
+
+DRY = ", DRY RUN (toy sizes on CPU, no figure is a measurement)"
+
+
+def _fmt(value, digits=2) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def derive(state: dict) -> None:
+    """Fields computed from the measurements (kept in suite.json too): the targets."""
+    attention = state["sections"].get("attention")
+    if attention is not None:
+        peak = {}
+        for row in state["sections"].get("peaks", {}).get("rows", []):
+            peak.update(row)
+        dry = bool(state["runs"] and state["runs"][-1].get("dry_run"))
+        attention["targets"] = target_ratios(
+            attention.get("rows", []), peak.get("matmul_peak_tflops"), dry
+        )
+
+
+def _header(state: dict) -> list[str]:
+    env = state["runs"][-1] if state["runs"] else {}
+    lines = [
+        "# GPU suite",
+        "",
+        f"Device **{env.get('device')}** (capability {env.get('capability', '-')}, driver "
+        f"{env.get('driver') or '-'}), torch {env.get('torch')}, triton {env.get('triton')}, "
+        f"CUDA {env.get('cuda')}, commit {env.get('commit')}{DRY if env.get('dry_run') else ''}.",
+    ]
+    if env.get("missing_modules"):
+        lines += ["", f"Missing Python modules: {', '.join(env['missing_modules'])} (the "
+                  "sections that need them fail and say so; without matplotlib, no plots)."]  # fmt: skip
+    lines += ["", "| section | status | measured | seconds |", "|---|---|---|---|"]
+    for name, sec in state["sections"].items():
+        done = sum(1 for v in sec.get("measured", {}).values() if v == "ok")
+        lines.append(f"| {name} | {sec.get('status')} | {done}/{len(sec.get('planned', []))} | "
+                     f"{sec.get('seconds', '-')} |")  # fmt: skip
+    return lines
+
+
+def _correctness(sec: dict) -> list[str]:
+    rows = sec.get("rows", [])
+    wrong = [r["case"] for r in rows if not r.get("passed")]
+    lines = ["", f"## Correctness: {len(rows) - len(wrong)}/{len(sec.get('planned', []))} pass"]
+    return lines + [f"- WRONG: {c}" for c in wrong]
+
+
+def _targets(sec: dict) -> list[str]:
+    lines = [
+        "",
+        "## Targets (issue 12)",
+        "",
+        "| target | ratio | goal | pass |",
+        "|---|---|---|---|",
+    ]
+    for t in sec.get("targets", []):
+        verdict = {True: "PASS", False: "fail", None: "-"}[t["passed"]]
+        lines.append(f"| {t['target']} | {_fmt(t['ratio'])} | {t['goal']} | {verdict} |")
+    return lines
+
+
+def _training(sec: dict) -> list[str]:
+    lines = ["", "## GPT-2 training", "",
+             "| seqlen | attention | compile | tokens/s | MFU % | peak GiB | step split (ms) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in sec.get("rows", []):
+        split = ", ".join(f"{k} {v}" for k, v in r.get("step_split_ms", {}).items())
+        lines.append(f"| {r['seqlen']} | {r['attention']} | {r['compile']} | "
+                     f"{_fmt(r.get('tokens_per_s'), 0)} | {_fmt(r.get('mfu_percent'), 1)} | "
+                     f"{_fmt(r.get('peak_allocated_gib'))} | {split} |")  # fmt: skip
+    return lines
+
+
+def _long(sec: dict) -> list[str]:
+    lines = ["", "## Long sequence", "", "| seqlen | causal | mode | ms | TFLOP/s | peak MiB |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in sec.get("rows", []):
+        lines.append(f"| {r['seqlen']} | {r['causal']} | {r['mode']} | {_fmt(r['ms'])} | "
+                     f"{_fmt(r['tflops'], 1)} | {_fmt(r['peak_mib'], 0)} |")  # fmt: skip
+    return lines
+
+
+def _sweep(sec: dict) -> list[str]:
+    lines = ["", f"## Tile sweep: table {sec.get('table_file')}, descriptor loads "
+             f"{'allowed' if sec.get('tma_allowed') else 'not allowed (their checks did not all pass)'}",
+             "", "| key | config | ms | built-in ms | speedup |", "|---|---|---|---|---|"]  # fmt: skip
+    for r in sec.get("rows", []):
+        if "config" in r:
+            lines.append(f"| {r['measurement']} | | {_fmt(r.get('ms'))} | "
+                         f"{_fmt(r.get('builtin_ms'))} | {_fmt(r.get('speedup_vs_builtin'))} |")  # fmt: skip
+        else:
+            lines.append(f"| {r['case']} | check | {'ok' if r['passed'] else 'WRONG'} | | |")
+    return lines
+
+
+def _pytest(sec: dict) -> list[str]:
+    rows = sec.get("rows", [])
+    status = rows[0]["summary"] if rows else sec.get("status")
+    return ["", f"## pytest -m gpu: {status} (log and junit beside this file)"]
+
+
+def summary_markdown(state: dict) -> str:
+    lines = _header(state)
+    sections = state["sections"]
+    env_dry = bool(state["runs"] and state["runs"][-1].get("dry_run"))
+    if "correctness" in sections:
+        lines += _correctness(sections["correctness"])
+    peak = {}
+    for row in sections.get("peaks", {}).get("rows", []):
+        peak.update(row)
+    if peak:
+        lines += ["", f"## Peaks: bf16 matmul {_fmt(peak.get('matmul_peak_tflops'), 1)} TFLOP/s, "
+                  f"copy {_fmt(peak.get('copy_bandwidth_gbs'), 0)} GB/s"]  # fmt: skip
+    attention = sections.get("attention", {})
+    if attention:
+        lines += _targets(attention)
+        rows = [r for r in attention.get("rows", []) if "mode" in r]
+        if rows:
+            env = state["runs"][-1] if state["runs"] else {}
+            table = results.markdown_table(rows, env, "Attention").split("\n", 3)[-1]
+            lines += ["", "## Attention (TFLOP/s)" + (DRY if env_dry else ""), table]
+    if "training" in sections:
+        lines += _training(sections["training"])
+    if "long" in sections:
+        lines += _long(sections["long"])
+    if "sweep" in sections:
+        lines += _sweep(sections["sweep"])
+    if "pytest" in sections:
+        lines += _pytest(sections["pytest"])
+    return "\n".join(lines) + "\n"

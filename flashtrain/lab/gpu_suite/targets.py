@@ -1,0 +1,71 @@
+"""The issue-12 targets as ratios of TFLOP/s measured in the same process on the same inputs:
+ours over SDPA's FLASH (FlashAttention-2) and CUDNN backends, block-sparse over FlexAttention,
+and our forward over the chip's bf16 matmul peak."""
+
+from __future__ import annotations
+
+import math
+
+MIN_SEQLEN = 4096  # the targets are at >= 4K tokens (geometric mean over the lengths measured)
+# (name, mode, causal, head_dim, baseline method, goal)
+DENSE = [
+    ("fwd hd128 vs FA2", "fwd", False, 128, "sdpa_flash_attention", 1.5),
+    ("fwd hd128 vs cuDNN", "fwd", False, 128, "sdpa_cudnn_attention", 1.0),
+    ("fwd+bwd hd128 vs FA2", "fwd_bwd", False, 128, "sdpa_flash_attention", 1.2),
+    ("causal fwd hd64 vs FA2", "fwd", True, 64, "sdpa_flash_attention", 1.5),
+    ("causal fwd hd64 vs cuDNN", "fwd", True, 64, "sdpa_cudnn_attention", 1.0),
+    ("causal fwd+bwd hd64 vs FA2", "fwd_bwd", True, 64, "sdpa_flash_attention", 1.2),
+]
+SPARSE = ("block-sparse fwd+bwd vs FlexAttention", 1.2)
+PEAK_FRACTION = ("fwd hd128 fraction of bf16 matmul peak", 0.6)
+
+
+def _geomean(values):
+    values = [v for v in values if v]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def _target(name, ratio, goal) -> dict:
+    passed = None if ratio is None else ratio >= goal
+    return {"target": name, "ratio": ratio, "goal": goal, "passed": passed}
+
+
+def target_ratios(rows: list[dict], matmul_peak: float | None, dry: bool) -> list[dict]:
+    """Every target, its ratio None until both sides are measured. The dry run's toy head dims
+    stand in for 128 and 64 (largest, smallest) and its toy lengths for >= 4K."""
+    dense = [r for r in rows if not r.get("variant") and r.get("tflops")]
+    dims = sorted({r["head_dim"] for r in dense}, reverse=True)
+    stand_in = {128: dims[0], 64: dims[-1]} if dry and dims else {}
+    min_len = 0 if dry else MIN_SEQLEN
+
+    def tflops(method, mode, causal, head_dim):
+        head_dim = stand_in.get(head_dim, head_dim)
+        return {
+            r["seqlen"]: r["tflops"]
+            for r in dense
+            if (r["method"], r["mode"], r["causal"], r["head_dim"]) == (method, mode, causal, head_dim)
+            and r["seqlen"] >= min_len
+        }  # fmt: skip
+
+    out = []
+    for name, mode, causal, head_dim, base, goal in DENSE:
+        ours, theirs = (
+            tflops("flashtrain", mode, causal, head_dim),
+            tflops(base, mode, causal, head_dim),
+        )
+        out.append(
+            _target(name, _geomean([ours[s] / theirs[s] for s in ours if s in theirs]), goal)
+        )
+    sparse = {
+        r["method"]: r
+        for r in rows
+        if str(r.get("variant")).startswith("blocksparse ") and "dense" not in r["variant"]
+        and r["mode"] == "fwd_bwd"
+    }  # fmt: skip
+    ours, flex = sparse.get("flashtrain", {}), sparse.get("flex", {})
+    ratio = ours["tflops"] / flex["tflops"] if ours.get("tflops") and flex.get("tflops") else None
+    out.append(_target(*SPARSE[:1], ratio, SPARSE[1]))
+    fwd = tflops("flashtrain", "fwd", False, 128)
+    frac = max(fwd.values()) / matmul_peak if fwd and matmul_peak else None
+    out.append(_target(PEAK_FRACTION[0], frac, PEAK_FRACTION[1]))
+    return out

@@ -1,8 +1,0 @@
-"""Experiment reports from run folders: tables (ours beside the paper's figures) and plots.
-
-write_reports(run_dirs, out_dir) -> [<out_dir>/<experiment>.md, ...]   (scripts/report.py)
-"""
-
-from flashtrain.report.build import write_reports
-
-__all__ = ["write_reports"]

@@ -1,0 +1,243 @@
+"""flash_attn_with_kvcache against float64 attention on the concatenated sequence and against
+flash_attn_func; both CPU routes (the split-KV kernel under the interpreter, the PyTorch path)."""
+
+import math
+
+import pytest
+import torch
+
+from flashtrain.attention import flash_attn_func, flash_attn_with_kvcache
+from flashtrain.attention.reference import attention_reference
+from flashtrain.kernels.flash_decode import MAX_SPLITS, choose_splits
+
+
+def _rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+def _reference(q, k_seq, v_seq, **kw):
+    """float64 (out, lse) of one batch entry: q (1, Sq, Hq, D) against k_seq (1, L, Hkv, D)."""
+    return attention_reference(q.double(), k_seq.double(), v_seq.double(), **kw)
+
+
+def _rotate_reference(x, cos, sin, positions, interleaved):
+    """Rotary by complex multiplication (independent of flashtrain.attention.rotary).
+    x (S, H, D), positions (S,)."""
+    rot = 2 * cos.shape[1]
+    xr = x[..., :rot].double()
+    if not interleaved:  # halves -> pairs, rotate, back
+        half = rot // 2
+        xr = torch.stack((xr[..., :half], xr[..., half:]), dim=-1).flatten(-2)
+    z = torch.view_as_complex(xr.reshape(*xr.shape[:-1], -1, 2).contiguous())
+    angle = torch.polar(torch.ones_like(cos.double()), torch.atan2(sin.double(), cos.double()))
+    z = z * angle[positions][:, None, :]
+    out = torch.view_as_real(z).flatten(-2)
+    if not interleaved:
+        out = torch.cat((out[..., 0::2], out[..., 1::2]), dim=-1)
+    return torch.cat((out.to(x.dtype), x[..., rot:]), dim=-1)
+
+
+def _tolerance(dtype):
+    return 2e-5 if dtype == torch.float32 else 4e-3
+
+
+CASES = [
+    # batch, seqlen_q, heads_q, heads_kv, head_dim, cache_len, options
+    (3, 1, 4, 2, 16, 37, dict(causal=True)),
+    (2, 1, 3, 3, 24, 50, dict(causal=False, softcap=2.0)),
+    (2, 3, 4, 1, 16, 29, dict(causal=True, window_size=(5, 0))),
+    (2, 2, 2, 2, 32, 41, dict(causal=True, alibi=True)),
+    (2, 5, 2, 1, 8, 33, dict(causal=False, window_size=(3, 2), softcap=1.5)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[:6]}-{sorted(c[6])}")
+def test_matches_float64_per_batch_lengths(case, dtype):
+    batch, sq, hq, hkv, d, cache_len, opts = case
+    opts = dict(opts)
+    torch.manual_seed(sum(case[:6]))
+    q, kc, vc = _rand(batch, sq, hq, d, dtype=dtype), _rand(batch, cache_len, hkv, d, dtype=dtype), _rand(batch, cache_len, hkv, d, dtype=dtype)  # fmt: skip
+    slopes = torch.rand(batch, hq) * 0.5 if opts.pop("alibi", False) else None
+    lens = torch.randint(sq, cache_len + 1, (batch,), dtype=torch.int32)
+    lens[0] = cache_len  # the full cache, an odd length
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, alibi_slopes=slopes, return_softmax_lse=True, **opts
+    )
+    assert out.shape == q.shape and out.dtype == dtype and lse.shape == (batch, hq, sq)
+    for b in range(batch):
+        length = int(lens[b])
+        ref_out, ref_lse = _reference(
+            q[b : b + 1], kc[b : b + 1, :length], vc[b : b + 1, :length],
+            alibi_slopes=None if slopes is None else slopes[b : b + 1], **opts,
+        )  # fmt: skip
+        torch.testing.assert_close(out[b : b + 1].double(), ref_out, atol=_tolerance(dtype), rtol=0)
+        torch.testing.assert_close(lse[b : b + 1].double(), ref_lse.double(), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_append_with_rotary_in_place_equals_attention_on_the_concatenation(interleaved):
+    """New k, v land rotated at cache_seqlens in the rows cache_batch_idx names; everything else
+    in the cache is untouched; the output equals flash_attn_func on the whole sequence."""
+    torch.manual_seed(3 + interleaved)
+    batch, sq, hq, hkv, d, cache_rows, cache_len, rot_dim = 2, 3, 4, 2, 16, 3, 23, 12
+    q = _rand(batch, sq, hq, d)
+    k_new, v_new = _rand(batch, sq, hkv, d), _rand(batch, sq, hkv, d)
+    kc, vc = _rand(cache_rows, cache_len, hkv, d), _rand(cache_rows, cache_len, hkv, d)
+    kc0, vc0 = kc.clone(), vc.clone()
+    lens = torch.tensor([4, 17], dtype=torch.int32)
+    rows = torch.tensor([2, 0], dtype=torch.int32)
+    angles = torch.rand(40, rot_dim // 2) * 2 * math.pi
+    cos, sin = angles.cos(), angles.sin()
+    out = flash_attn_with_kvcache(
+        q, kc, vc, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+        cache_batch_idx=rows, causal=True, rotary_interleaved=interleaved,
+    )  # fmt: skip
+    untouched = torch.ones(cache_rows, cache_len, dtype=torch.bool)
+    for b in range(batch):
+        r, n = int(rows[b]), int(lens[b])
+        pos = torch.arange(n, n + sq)
+        k_rot = _rotate_reference(k_new[b], cos, sin, pos, interleaved)
+        torch.testing.assert_close(kc[r, n : n + sq], k_rot, atol=1e-6, rtol=0)
+        torch.testing.assert_close(vc[r, n : n + sq], v_new[b])
+        untouched[r, n : n + sq] = False
+        q_rot = _rotate_reference(q[b], cos, sin, pos, interleaved)[None]
+        ref_out, _ = _reference(
+            q_rot, kc[r : r + 1, : n + sq], vc[r : r + 1, : n + sq], causal=True
+        )
+        torch.testing.assert_close(out[b : b + 1].double(), ref_out, atol=2e-5, rtol=0)
+        flash = flash_attn_func(
+            q_rot, kc[r : r + 1, : n + sq], vc[r : r + 1, : n + sq], causal=True
+        )
+        torch.testing.assert_close(out[b : b + 1], flash, atol=2e-5, rtol=0)
+    assert torch.equal(kc[untouched], kc0[untouched]) and torch.equal(vc[untouched], vc0[untouched])
+
+
+def test_non_causal_rotary_puts_every_query_at_cache_seqlens():
+    """flash-attn's rule: without causal or a window all query rows sit at cache_seqlens."""
+    torch.manual_seed(5)
+    q, k_new, v_new = _rand(1, 2, 2, 8), _rand(1, 2, 2, 8), _rand(1, 2, 2, 8)
+    kc, vc = torch.zeros(1, 10, 2, 8), torch.zeros(1, 10, 2, 8)
+    angles = torch.rand(10, 4)
+    out = flash_attn_with_kvcache(
+        q, kc, vc, k_new, v_new, rotary_cos=angles.cos(), rotary_sin=angles.sin(),
+        cache_seqlens=3, rotary_interleaved=False,
+    )  # fmt: skip
+    q_rot = _rotate_reference(q[0], angles.cos(), angles.sin(), torch.tensor([3, 3]), False)[None]
+    ref_out, _ = _reference(q_rot, kc[:, :5], vc[:, :5])
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-5, rtol=0)
+
+
+def test_leftpad_keys_are_never_attended():
+    torch.manual_seed(6)
+    q, kc, vc = _rand(2, 1, 2, 16), _rand(2, 20, 2, 16), _rand(2, 20, 2, 16)
+    lens = torch.tensor([12, 20], dtype=torch.int32)
+    pad = torch.tensor([5, 0], dtype=torch.int32)
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, cache_leftpad=pad, causal=True)
+    for b in range(2):
+        lo, hi = int(pad[b]), int(lens[b])
+        ref_out, _ = _reference(
+            q[b : b + 1], kc[b : b + 1, lo:hi], vc[b : b + 1, lo:hi], causal=True
+        )
+        torch.testing.assert_close(out[b : b + 1].double(), ref_out, atol=2e-5, rtol=0)
+
+
+@pytest.mark.single_route
+def test_every_split_count_gives_the_same_answer():
+    """The kernel (interpreter) with 1, 2, 3, 5 and more splits than key tiles: one answer."""
+    torch.manual_seed(7)
+    q, kc, vc = _rand(2, 2, 4, 16), _rand(2, 70, 2, 16), _rand(2, 70, 2, 16)
+    lens = torch.tensor([70, 9], dtype=torch.int32)  # the short entry leaves most splits empty
+    results = [
+        flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, causal=True, num_splits=n, return_softmax_lse=True
+        )
+        for n in (1, 2, 3, 5, 64, 0)
+    ]
+    for out, lse in results[1:]:
+        torch.testing.assert_close(out, results[0][0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(lse, results[0][1], atol=1e-6, rtol=0)
+
+
+def test_chunked_prefill_then_decode_equals_one_causal_pass():
+    """Prefill in two chunks (Sq > 1, causal bottom-right), then a token at a time: the outputs
+    equal flash_attn_func over the whole sequence."""
+    torch.manual_seed(8)
+    total, hq, hkv, d = 11, 4, 2, 16
+    q, k, v = _rand(1, total, hq, d), _rand(1, total, hkv, d), _rand(1, total, hkv, d)
+    kc, vc = torch.zeros(1, 16, hkv, d), torch.zeros(1, 16, hkv, d)
+    pieces, at = [], 0
+    for step in (4, 3, 1, 1, 1, 1):
+        s = slice(at, at + step)
+        pieces.append(
+            flash_attn_with_kvcache(
+                q[:, s], kc, vc, k[:, s], v[:, s], cache_seqlens=at, causal=True
+            )
+        )
+        at += step
+    full = flash_attn_func(q, k, v, causal=True)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=2e-5, rtol=0)
+
+
+def test_empty_cache_rows_give_zero_and_minus_inf():
+    q, kc, vc = _rand(2, 1, 2, 8), _rand(2, 6, 2, 8), _rand(2, 6, 2, 8)
+    lens = torch.tensor([0, 6], dtype=torch.int32)
+    out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, return_softmax_lse=True)
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and bool(torch.isneginf(lse[0]).all())
+    assert bool(torch.isfinite(lse[1]).all())
+
+
+def test_choose_splits_fills_the_gpu_without_empty_splits():
+    assert choose_splits(programs=264, key_tiles=1000, multiprocessors=132) == 1
+    assert choose_splits(programs=8, key_tiles=1000, multiprocessors=132) == 33
+    assert choose_splits(programs=1, key_tiles=5, multiprocessors=132) == 5
+    assert choose_splits(programs=1, key_tiles=10**6, multiprocessors=132) == MAX_SPLITS
+
+
+@pytest.mark.single_route
+def test_op_registration():
+    from flashtrain.attention.kvcache_op import kvcache_attention
+
+    args = (_rand(1, 1, 2, 8), _rand(1, 5, 1, 8), _rand(1, 5, 1, 8),
+            torch.tensor([4], dtype=torch.int32), None, None, None, 0.3, -1, 0, 0.0, 0)  # fmt: skip
+    torch.library.opcheck(kvcache_attention, args)
+
+
+def _bad_calls():
+    k1 = _rand(2, 1, 2, 8)
+    lens = torch.tensor([3, 4], dtype=torch.int32)
+    yield dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), "paged KV caches"
+    yield dict(k=k1), "k and v must be given together"
+    yield dict(k=k1, v=k1), "needs cache_seqlens"
+    yield dict(cache_seqlens=lens.long()), "cache_seqlens must be an int32 tensor"
+    yield dict(cache_seqlens=torch.tensor([3, 9], dtype=torch.int32), k=k1, v=k1), "must lie in"
+    yield dict(cache_seqlens=lens, rotary_cos=torch.ones(9, 2)), "pass k and v too"
+    yield (
+        dict(
+            cache_seqlens=lens, k=k1, v=k1, rotary_cos=torch.ones(9, 6), rotary_sin=torch.ones(9, 6)
+        ),
+        "rotary_dim",
+    )
+    yield (
+        dict(cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32)),
+        "cache_batch_idx must index",
+    )
+    yield dict(num_splits=-1), "num_splits"
+    yield dict(k=_rand(2, 1, 2, 4), v=_rand(2, 1, 2, 4), cache_seqlens=lens), "like the cache"
+    yield dict(window_size=(-2, 0)), "window_size"
+    yield (
+        dict(cache_seqlens=lens, cache_leftpad=torch.tensor([4, 0], dtype=torch.int32)),
+        "cache_leftpad",
+    )
+    yield dict(q=_rand(2, 1, 3, 8)), "multiple of heads_kv"
+    yield dict(q=_rand(3, 1, 4, 8)), "pass cache_batch_idx"
+
+
+@pytest.mark.single_route
+@pytest.mark.parametrize("bad", list(_bad_calls()), ids=lambda b: b[1])
+def test_bad_input_is_a_clear_value_error(bad):
+    kwargs, message = bad
+    q = kwargs.pop("q", _rand(2, 1, 4, 8))
+    kc, vc = _rand(2, 9, 2, 8), _rand(2, 9, 2, 8)
+    with pytest.raises(ValueError, match=message):
+        flash_attn_with_kvcache(q, kc, vc, **kwargs)

@@ -1,0 +1,24 @@
+"""A short real training run shared by the export and init_from tests (one per session)."""
+
+from __future__ import annotations
+
+import pytest
+from hf_testing import TINY_RUN, run_train
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """`python train.py` for 6 steps of the tiny GPT-2, a checkpoint at step 6: its run folder."""
+    cwd = tmp_path_factory.mktemp("run")
+    res = run_train([*TINY_RUN, "trainer.max_steps=6", "trainer.ckpt_interval=6",
+                     "trainer.eval_interval=6", "hydra.run.dir=run"], cwd)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    return cwd / "run"
+
+
+@pytest.fixture(scope="session")
+def exported(trained, tmp_path_factory):
+    """That checkpoint exported to a transformers folder."""
+    from flashtrain.hf.export import export_checkpoint
+
+    return export_checkpoint(trained / "checkpoints", tmp_path_factory.mktemp("hf") / "tiny-gpt2")

@@ -1,0 +1,92 @@
+"""model.init_from=hf:PATH_OR_ID: training starts from a transformers checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_testing import TINY_RUN, run_train, step_losses, tiny_bert_mlm
+
+from flashtrain.models import build_model
+from flashtrain.models.positions import resize_positions
+
+FEW_STEPS = [*TINY_RUN, "trainer.max_steps=3", "trainer.ckpt_interval=0", "trainer.eval_interval=0"]
+
+
+def test_training_from_the_exported_folder_starts_from_the_checkpoints_loss(
+    trained, exported, tmp_path
+):
+    """The same first losses as starting from the flashtrain checkpoint itself (init_from of its
+    model file), and not those of a fresh model."""
+    ckpt_file = trained / "checkpoints" / "step_000006" / "model_optim.pt"
+    runs = {}
+    for name, init in (("hf", f"hf:{exported}"), ("torch", str(ckpt_file)), ("fresh", None)):
+        extra = [f"model.init_from={init}"] if init else []
+        res = run_train([*FEW_STEPS, *extra, f"hydra.run.dir={name}"], tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs[name] = step_losses(tmp_path / name)
+    assert len(runs["hf"]) == 3
+    for step in runs["hf"]:
+        assert abs(runs["hf"][step] - runs["torch"][step]) < 1e-5, (runs["hf"], runs["torch"])
+    assert abs(runs["hf"][1] - runs["fresh"][1]) > 0.05
+
+
+def test_longer_context_interpolates_positions(exported):
+    from safetensors.torch import load_file
+
+    wpe = load_file(str(exported / "model.safetensors"))["transformer.wpe.weight"]  # (64, C)
+    cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=64, vocab_size=16, max_seq_len=128)
+    model = build_model({**cfg, "init_from": f"hf:{exported}"}, {"impl": "reference"})
+    assert torch.equal(model.wpe.weight.detach(), resize_positions(wpe, 128, "interpolate"))
+    copied = build_model(
+        {**cfg, "init_from": f"hf:{exported}", "init_positions": "copy"}, "reference"
+    )
+    assert torch.equal(copied.wpe.weight.detach()[64:], wpe)
+
+
+def test_architecture_mismatch_is_refused_naming_the_field(exported, tmp_path):
+    cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=64, vocab_size=16, max_seq_len=64)
+    for field, value, theirs in (("n_layer", 3, "n_layer=2"), ("d_model", 32, "n_embd=64"),
+                                 ("vocab_size", 20, "vocab_size=16"),
+                                 ("activation", "gelu", "activation_function='gelu_new'")):  # fmt: skip
+        n_head = {"n_head": 2}
+        with pytest.raises(
+            ValueError,
+            match=rf"model.{field}={value!r} but the Hugging Face checkpoint hf:.* has {theirs}",
+        ):
+            build_model({**cfg, **n_head, field: value, "init_from": f"hf:{exported}"}, "reference")
+    with pytest.raises(
+        ValueError, match="model.arch=bert but the Hugging Face checkpoint .* model_type='gpt2'"
+    ):
+        build_model(dict(arch="bert", n_layer=2, n_head=2, d_model=64, vocab_size=16,
+                         init_from=f"hf:{exported}"), "reference")  # fmt: skip
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        build_model({**cfg, "init_from": f"hf:{tmp_path}/absent"}, "reference")
+
+
+def test_offline_and_missing_hub_id_is_one_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=64, vocab_size=16, max_seq_len=64)
+    with pytest.raises(FileNotFoundError) as err:
+        build_model({**cfg, "init_from": "hf:openai-community/gpt2"}, "reference")
+    message = str(err.value)
+    assert "'openai-community/gpt2' is not in the cache" in message
+    assert "HF_HUB_OFFLINE=1 forbids downloading it" in message and str(tmp_path / "hub") in message
+
+
+def test_classifier_starts_from_a_masked_lm_checkpoint(tmp_path):
+    """Fine-tuning a pretrained BERT for classification: the encoder from the checkpoint, the
+    classifier (and the pooler an MLM model lacks) freshly initialised."""
+    hf = tiny_bert_mlm().float()
+    hf.save_pretrained(tmp_path / "mlm")
+    cfg = dict(arch="bert", n_layer=2, n_head=2, d_model=32, d_ff=48, max_seq_len=40, vocab_size=53,
+               head="classification", num_classes=4)  # fmt: skip
+    torch.manual_seed(0)
+    fresh = build_model(cfg, "reference")
+    torch.manual_seed(0)
+    model = build_model({**cfg, "init_from": f"hf:{tmp_path / 'mlm'}"}, "reference")
+    attn = hf.bert.encoder.layer[1].attention.self
+    want = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight])
+    assert torch.equal(model.blocks[1].attn.c_attn.weight.detach(), want.detach())
+    assert torch.equal(model.classifier.weight, fresh.classifier.weight)
+    assert torch.equal(model.pooler.weight, fresh.pooler.weight)

@@ -1,0 +1,114 @@
+"""Generation with the KV cache: the same tokens as recomputing the whole sequence every step,
+on both CPU attention routes; sampling options; the command line on a trained checkpoint."""
+
+import io
+
+import pytest
+import torch
+
+from flashtrain.inference import Sampling, generate
+from flashtrain.inference.generate import next_tokens
+from flashtrain.inference.generate_cli import main
+from flashtrain.models import build_model
+
+ROUTES = ("triton", "torch")
+
+
+@pytest.fixture(params=ROUTES)
+def route(request, monkeypatch):
+    if request.param == "triton" and torch.cuda.is_available():
+        pytest.skip("the interpreter route is a CPU route")
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", request.param)
+    return request.param
+
+
+def _tiny_gpt2(position: str, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=32, max_seq_len=32, vocab_size=23,
+               position=position)  # fmt: skip
+    model = build_model(cfg, "flash").eval()
+    with torch.no_grad():  # GPT-2's init leaves a tiny model's next token a function of the
+        for param in model.parameters():  # last one alone; larger matrices make it
+            if param.dim() == 2:  # use the context
+                param.normal_(0.0, 0.3)
+    return model
+
+
+def _recompute_greedy(model, prompt: list[int], steps: int) -> list[int]:
+    """The reference: the whole sequence through the model at every step, no cache."""
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model.logits(torch.tensor([seq]))[0, -1]
+            seq.append(int(logits.argmax()))
+    return seq[len(prompt) :]
+
+
+@pytest.mark.parametrize("position", ["learned", "rotary"])
+def test_greedy_with_the_cache_equals_recomputing_everything(route, position):
+    model = _tiny_gpt2(position, seed=1 if position == "learned" else 2)
+    prompts = [[1, 5, 7], [3, 3, 9, 12, 4, 8, 2], [11]]  # different lengths in one batch
+    got = generate(model, prompts, max_new_tokens=6, sampling=Sampling(temperature=0.0))
+    want = [_recompute_greedy(model, p, 6) for p in prompts]
+    assert got == want
+    assert len({tuple(t) for t in got}) > 1  # a test that distinguishes the prompts
+
+
+def test_stop_token_ends_a_sequence_early():
+    model = _tiny_gpt2("learned")
+    free = generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=5)
+    stop = free[0][1]
+    stopped = generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=5, stop_id=stop)
+    assert stopped[0] == free[0][: free[0].index(stop) + 1]
+    assert len(stopped[1]) <= 5
+
+
+def test_sampling_is_repeatable_and_its_filters_work():
+    model = _tiny_gpt2("rotary")
+    hot = Sampling(temperature=1.5)
+    a = generate(model, [[1, 2], [3]], 8, hot, seed=7)
+    assert a == generate(model, [[1, 2], [3]], 8, hot, seed=7)
+    assert a != generate(model, [[1, 2], [3]], 8, hot, seed=8)
+    greedy = generate(model, [[1, 2], [3]], 8)
+    assert generate(model, [[1, 2], [3]], 8, Sampling(temperature=2.0, top_k=1), seed=1) == greedy
+    assert (
+        generate(model, [[1, 2], [3]], 8, Sampling(temperature=2.0, top_p=1e-6), seed=1) == greedy
+    )
+
+
+def test_top_k_and_top_p_keep_only_the_allowed_tokens():
+    logits = torch.tensor([[0.0, 3.0, 2.0, -1.0, 2.9]]).repeat(400, 1)
+    gen = torch.Generator().manual_seed(0)
+    drawn = set(next_tokens(logits, Sampling(1.0, top_k=2), gen).tolist())
+    assert drawn == {1, 4}
+    probs = torch.softmax(logits[0], -1)  # top_p just above p(1): tokens 1 and 4
+    drawn = set(next_tokens(logits, Sampling(1.0, top_p=float(probs[1]) + 1e-3), gen).tolist())
+    assert drawn == {1, 4}
+
+
+def test_bad_requests_are_value_errors():
+    model = _tiny_gpt2("learned")
+    with pytest.raises(ValueError, match="learned positions"):
+        generate(model, [[1] * 30], max_new_tokens=5)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, [[]], max_new_tokens=5)
+    with pytest.raises(ValueError, match="top_p"):
+        Sampling(top_p=0.0)
+
+
+def test_generate_command_on_a_trained_checkpoint(recall_run):
+    out = io.StringIO()
+    assert main([str(recall_run), "--prompt", "3 11 5 12 3", "--temperature", "0",
+                 "--max-new-tokens", "4"], out=out) == 0  # fmt: skip
+    words = out.getvalue().split()
+    assert words[:5] == ["3", "11", "5", "12", "3"] and len(words) == 9
+    out = io.StringIO()
+    assert main([str(recall_run / "checkpoints"), "--prompt", "1 2", "--prompt", "4 5 6 7",
+                 "--max-new-tokens", "3", "--seed", "0"], out=out) == 0  # fmt: skip
+    lines = out.getvalue().splitlines()
+    assert [len(line.split()) for line in lines] == [5, 7]
+
+
+def test_generate_command_refuses_bad_prompts(recall_run, capsys):
+    assert main([str(recall_run), "--prompt", "hello"]) == 2
+    assert "token ids separated by spaces" in capsys.readouterr().err

@@ -1,0 +1,101 @@
+"""Each rope_scaling type's cos / sin tables against transformers' own rotary implementation
+(LlamaRotaryEmbedding with rope_parameters), at positions inside and beyond the original
+context; and the config's refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from llama_testing import TINY_LLAMA, hf_config
+
+from flashtrain.models import build_model
+from flashtrain.models.rotary import RopeScalingConfig
+from flashtrain.typed_config import ConfigError
+
+transformers = pytest.importorskip("transformers")
+
+SCALINGS = {
+    "none": dict(type="none"),
+    "linear": dict(type="linear", factor=4.0),
+    "dynamic": dict(type="dynamic", factor=4.0, original_max_seq_len=512),
+    "yarn": dict(type="yarn", factor=8.0, original_max_seq_len=512),
+    "yarn-mscale": dict(
+        type="yarn",
+        factor=40.0,
+        original_max_seq_len=512,
+        beta_fast=16.0,
+        beta_slow=2.0,
+        mscale=1.0,
+        mscale_all_dim=0.5,
+        truncate=False,
+    ),
+    "yarn-attention-factor": dict(
+        type="yarn", factor=4.0, original_max_seq_len=512, attention_factor=1.25
+    ),
+    "llama3": dict(
+        type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_seq_len=512,
+    ),
+}
+
+
+@pytest.mark.parametrize("seqlen", [300, 3000])  # inside / beyond the original 512
+@pytest.mark.parametrize("name", list(SCALINGS))
+def test_tables_equal_transformers(name, seqlen):
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    model = build_model(
+        {**TINY_LLAMA, "d_model": 256, "n_head": 2, "rope_scaling": SCALINGS[name]}, "sdpa"
+    )
+    cfg = model.config
+    dynamic = cfg.rope_scaling.type == "dynamic"
+    hf_cfg = hf_config(cfg, cfg.rope_scaling.original_max_seq_len if dynamic else None)
+    rotary = LlamaRotaryEmbedding(hf_cfg)
+    positions = torch.arange(seqlen)[None]  # (1, T)
+    x = torch.zeros(1, seqlen, 128, dtype=torch.float32)
+    cos_hf, sin_hf = rotary(x, positions)  # (1, T, D), the two halves equal
+    cos, sin = model.rotary_tables(positions, seqlen)  # (1, T, D/2)
+    half = cfg.head_dim // 2
+    assert torch.equal(cos_hf[..., :half], cos_hf[..., half:])
+    torch.testing.assert_close(cos, cos_hf[..., :half], rtol=0, atol=2e-6)
+    torch.testing.assert_close(sin, sin_hf[..., :half], rtol=0, atol=2e-6)
+    if name != "none":  # scaling changes the tables (so the comparison says something)
+        plain = build_model({**TINY_LLAMA, "d_model": 256, "n_head": 2}, "sdpa")
+        moved = (plain.rotary_tables(positions, seqlen)[0] - cos).abs().max()
+        assert moved > 1e-3 or (dynamic and seqlen <= 512)
+
+
+def test_dynamic_grows_the_base_only_past_the_original_context():
+    model = build_model({**TINY_LLAMA, "rope_scaling": SCALINGS["dynamic"]}, "sdpa")
+    plain = build_model(TINY_LLAMA, "sdpa")
+    pos = torch.arange(100)
+    assert torch.equal(model.rotary_tables(pos, 512)[0], plain.rotary_tables(pos)[0])
+    assert not torch.equal(model.rotary_tables(pos, 513)[0], plain.rotary_tables(pos)[0])
+
+
+@pytest.mark.parametrize(
+    "scaling, message",
+    [
+        (dict(type="ntk"), "rope_scaling.type='ntk'; allowed: none, linear, dynamic, yarn, llama3"),
+        (dict(type="linear"), "type=linear needs model.rope_scaling.factor"),
+        (dict(type="yarn", factor=4.0), "needs model.rope_scaling.original_max_seq_len"),
+        (
+            dict(type="llama3", factor=8.0, original_max_seq_len=8192),
+            "needs model.rope_scaling.low_freq_factor, model.rope_scaling.high_freq_factor",
+        ),
+        (dict(type="linear", factor=4.0, beta_fast=32.0), "beta_fast does not apply"),
+        (dict(type="linear", factor=0.5), "factor must be >= 1"),
+        (dict(type="none", factor=2.0), "factor does not apply to rope_scaling.type=none"),
+    ],
+)
+def test_bad_rope_scaling_is_refused(scaling, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_model({**TINY_LLAMA, "rope_scaling": scaling}, "sdpa")
+
+
+def test_config_instance_roundtrip():
+    s = RopeScalingConfig(type="linear", factor=2.0)
+    assert not s.depends_on_length and s.original_max_seq_len is None

@@ -1,0 +1,171 @@
+"""Llama in the trainer: two torchrun ranks splitting each sequence (trainer.context_parallel=2,
+ring attention, rotary at each rank's global positions, dynamic RoPE over the whole sequence)
+give one process's losses; the llama/* presets dry-run; bad Llama configs exit 2 naming what
+is wrong."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from config_testing import compose, group_options
+from train_testing import read_metrics, run_train
+
+from flashtrain.models import build_model
+from flashtrain.train import ConfigError, run, validate_config
+
+# A Llama small enough for a CPU step in tens of milliseconds: GQA (4 query heads over 2 K/V
+# heads), rotary with dynamic NTK scaling that is active at this length (64 > 16).
+TINY_LLAMA = [
+    "model=llama-tiny",
+    "model.n_layer=2",
+    "model.n_head=4",
+    "model.n_kv_head=2",
+    "model.d_model=64",
+    "model.d_ff=96",
+    "model.rope_scaling.type=dynamic",
+    "model.rope_scaling.factor=2",
+    "model.rope_scaling.original_max_seq_len=16",
+    "seq_len=64",
+    "micro_batch_size=4",
+    "global_batch_size=8",
+    "trainer.eval_batches=4",
+    "logger=none",
+    "trainer.progress=lines",
+    "trainer.log_interval=1",
+]
+STEPS = ["trainer.max_steps=3", "trainer.eval_interval=0"]
+PRESETS = [p for p in group_options("experiment") if p.startswith("llama/")]
+
+
+def _rows(path) -> dict[int, dict]:
+    return {r["step"]: r for r in read_metrics(path) if r.get("loss") is not None}
+
+
+def _in_process(args: list[str], run_dir):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run(compose(args), run_dir)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One process's metrics rows for TINY_LLAMA + STEPS (micro-batch 4 x 2 accumulation)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+        out = _in_process(TINY_LLAMA + STEPS, tmp_path_factory.mktemp("single") / "run")
+    return _rows(out["run_dir"] + "/metrics.jsonl")
+
+
+def _matches(run_dir, want):
+    got = _rows(run_dir / "metrics.jsonl")
+    assert got.keys() == want.keys() == {1, 2, 3}
+    for step in want:
+        for key in ("loss", "grad_norm"):
+            assert got[step][key] == pytest.approx(want[step][key], rel=1e-5), (step, key)
+
+
+def test_two_ranks_splitting_each_sequence_match_one_process(tmp_path, single):
+    res = run_train(TINY_LLAMA + STEPS + ["trainer.context_parallel=2"], cwd=tmp_path, nproc=2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "each sequence split over 2 ranks (ring attention, layout zigzag)" in res.stdout
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    _matches(run_dir, single)
+
+
+def test_fsdp2_on_two_ranks_matches_one_process(tmp_path, single):
+    """Per-block FSDP2 sharding of the Llama blocks, the tied head in the root's shard."""
+    res = run_train(TINY_LLAMA + STEPS + ["trainer.strategy=fsdp"], cwd=tmp_path, nproc=2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "strategy: fsdp" in res.stdout
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    _matches(run_dir, single)
+
+
+def test_init_from_a_shorter_context_checkpoint(tmp_path, monkeypatch):
+    """A run at seq_len 32 checkpoints; a run at 64 starts from it with linear RoPE scaling
+    (model.init_from, the documented way to extend context) and starts lower than afresh."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    base = [a for a in TINY_LLAMA if "rope_scaling" not in a and not a.startswith("seq_len")]
+    short = _in_process(
+        base + ["seq_len=32", "trainer.max_steps=30", "trainer.eval_interval=0"],
+        tmp_path / "short",
+    )
+    ckpt = sorted((tmp_path / "short" / "checkpoints").glob("step_*"))[-1] / "model_optim.pt"
+    longer = base + ["seq_len=64", "trainer.max_steps=1", "trainer.eval_interval=0"]
+    scaling = ["model.rope_scaling.type=linear", "model.rope_scaling.factor=2"]
+    extended = _in_process(longer + scaling + [f"model.init_from={ckpt}"], tmp_path / "ext")
+    fresh = _in_process(longer + scaling, tmp_path / "fresh")
+    assert short["losses"][-1][1] < short["losses"][0][1] - 0.3  # the short run learned
+    assert extended["losses"][0][1] < fresh["losses"][0][1] - 0.3
+
+
+@pytest.mark.slow
+def test_compiled_llama_blocks_train_like_eager(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    eager = _in_process(TINY_LLAMA + STEPS, tmp_path / "eager")
+    compiled = _in_process(TINY_LLAMA + STEPS + ["trainer.compile=true"], tmp_path / "c")
+    for (_, a), (_, b) in zip(eager["losses"], compiled["losses"]):
+        assert abs(a - b) < 1e-4 * abs(a), (eager["losses"], compiled["losses"])
+
+
+def test_every_llama_preset_dry_runs(tmp_path, caplog):
+    """Each preset composes, validates and prints its model, parameter count and FLOPs per token
+    without data; context-parallel presets at context_parallel=1 (one process here; under
+    torchrun the world must be a multiple of it)."""
+    assert {"llama/125m-16k", "llama/1b-32k", "llama/1b-128k", "llama/8b-128k"} <= set(PRESETS)
+    caplog.set_level("INFO", logger="flashtrain")
+    for preset in PRESETS:
+        cfg = compose([f"experiment={preset}", "trainer.max_steps=0", "logger=none"])
+        assert cfg.seq_len >= 16384 and cfg.model.arch == "llama", preset
+        assert cfg.seq_len % (2 * cfg.trainer.context_parallel) == 0, preset  # zigzag splits
+        cfg.trainer.context_parallel = 1
+        caplog.clear()
+        out = run(cfg, tmp_path / preset.replace("/", "-"))
+        with torch.device("meta"):
+            model = build_model(cfg.model, cfg.attention)
+        assert out["step"] == 0 and out["params"] == model.num_parameters(), preset
+        assert f"\nparams: {out['params']}\n" in caplog.text, preset
+        assert "flops/token: " in caplog.text and "(blocks): " in caplog.text, preset
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.n_kv_head=3"], "model.n_kv_head=3 does not divide model.n_head=4"),
+        (["model.d_model=36"], "head_dim = d_model / n_head must be even, got 9"),
+        (["model.rope_scaling.type=ntk"], "model.rope_scaling.type='ntk'; allowed: none, linear"),
+        (
+            ["model.rope_scaling.type=yarn", "model.rope_scaling.factor=4"],
+            "type=yarn needs model.rope_scaling.original_max_seq_len",
+        ),
+    ],
+)
+def test_bad_llama_configs_are_user_errors(overrides, message):
+    """ConfigError: what train.py reports in one line with exit code 2 (errors.py)."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_config(compose(["model=llama-tiny", *overrides]))
+
+
+def test_a_bad_llama_config_exits_2(tmp_path):
+    res = run_train(["model=llama-tiny", "logger=none", "model.n_kv_head=3"], cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in out, out[-2000:]
+    assert "model.n_kv_head=3 does not divide model.n_head=4" in out, out[-2000:]
+
+
+@pytest.mark.slow
+def test_sliding_window_with_context_parallelism_exits_2(tmp_path):
+    res = run_train(
+        TINY_LLAMA + ["model.sliding_window=8", "trainer.context_parallel=2"],
+        cwd=tmp_path,
+        nproc=2,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "context parallelism (ring attention) has no sliding window" in out, out[-2000:]
+    assert "exitcode  : 2" in out or "exitcode: 2" in out, out[-2000:]
