@@ -498,8 +498,9 @@ def load_checkpoint(
     return trainer_state, meta
 
 
-# Model settings that change how the model is computed, not what it computes: a resume may change
-# them (memory for speed, a kernel for another). Every other field must match the checkpoint's.
+# Model settings that do not change what a loaded model computes: how it is computed (memory
+# for speed, a kernel for another) and how fresh weights start (the checkpoint's replace them).
+# A resume may change them; every other field must match the checkpoint's.
 ROUTE_ONLY_FIELDS = frozenset(
     {
         "recompute",
@@ -508,6 +509,7 @@ ROUTE_ONLY_FIELDS = frozenset(
         "loss_chunk_size",
         "init_from",
         "init_positions",
+        "init_std",
         "max_seq_len",  # only bounds the context: a changed table shape is refused by shape
     }
 )

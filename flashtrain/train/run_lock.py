@@ -4,14 +4,17 @@ The same mechanism as the token caches' lock (flashtrain/data/files.py): an advi
 `fcntl.flock` on a file in the folder, which the kernel releases when its holder exits in any
 way, kill -9 included, so a killed run never leaves a lock that blocks the next one. This lock
 also says who holds it: the holder writes its host, pid, run name and start time into the lock
-file, so a second run is refused naming the first. Taking the lock is also the start-up check
-that the folder can be created and written (trainer.ckpt_dir a file, or not writable).
+file, so a second run is refused naming the first (the cache lock, held around one block, names
+nobody). Taking the lock is also the start-up check that the folder can be created and written
+(trainer.ckpt_dir a file, or not writable). Releasing deletes the lock file while still holding
+it; a run that was waiting on the deleted file notices and locks the new one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import logging
@@ -25,6 +28,8 @@ from flashtrain.typed_config import ConfigError
 log = logging.getLogger("flashtrain.checkpoint")
 
 LOCK_FILE = ".lock"
+# flock's answers on file systems without locks (some network mounts)
+UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 _held: dict[Path, RunLock] = {}  # the folders this process holds, by resolved path
 
@@ -94,6 +99,16 @@ class RunLock:
                     )
                     told = True
                 fcntl.flock(self._handle.fileno(), fcntl.LOCK_EX)
+            except OSError as e:
+                if e.errno not in UNSUPPORTED:
+                    raise
+                log.warning(
+                    "trainer.ckpt_dir %s: its file system has no file locks (%s); another run "
+                    "on this folder would not be noticed, so give each run its own",
+                    self.root,
+                    e.strerror,
+                )
+                break  # the lock file still names this run, and the folder is writable
             if self._still_the_lock_file():
                 break
             self._close()  # its holder removed it on release: lock the new one

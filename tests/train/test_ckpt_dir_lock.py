@@ -4,7 +4,10 @@ is never cleared away; and a checkpoint folder that cannot be used is found befo
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -19,6 +22,7 @@ from train_testing import TINY, run_train, subprocess_env
 from flashtrain.train import main
 from flashtrain.train.checkpoint import find_checkpoints
 from flashtrain.train.entry import EXIT_USER_ERROR
+from flashtrain.train.run_lock import CheckpointDirBusy, RunLock, holds_lock
 
 # A run that keeps training until it is stopped, and writes no checkpoint on its own.
 ENDLESS = TINY + [
@@ -156,3 +160,24 @@ def test_an_unusable_ckpt_dir_is_refused_before_the_first_step(
     assert len(errors) == 1 and f"trainer.ckpt_dir {ckpt_dir} is not a directory" in errors[0]
     assert not list(tmp_path.rglob("metrics.jsonl"))  # no step was taken
     assert blocker.read_text() == "not a folder"
+
+
+def test_the_lock_names_its_holder_and_goes_with_it(tmp_path):
+    root = tmp_path / "ckpts"
+    with RunLock(root, "first"):
+        assert holds_lock(root)
+        with pytest.raises(CheckpointDirBusy, match=rf"run 'first' \(host .*, pid {os.getpid()}"):
+            RunLock(root, "second").acquire()
+    assert not holds_lock(root) and not root.exists()  # the folder it made, empty: gone
+    with RunLock(root, "third"):
+        pass
+
+
+def test_a_file_system_without_locks_is_used_with_a_warning(tmp_path, monkeypatch, caplog):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with RunLock(tmp_path / "ckpts", "run"):
+        assert holds_lock(tmp_path / "ckpts")
+    assert "has no file locks" in caplog.text

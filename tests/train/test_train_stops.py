@@ -7,10 +7,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
+import subprocess
+import sys
 
 import pytest
-from config_testing import compose
-from train_testing import TINY
+from config_testing import REPO, compose
+from train_testing import TINY, free_port, subprocess_env
 
 import flashtrain.train.trainer as trainer_module
 from flashtrain.file_integrity import HashingWriter
@@ -67,3 +70,48 @@ def test_seq_len_1_trains_checkpoints_and_says_why_recall_cannot_be_measured(tmp
     assert out["step"] == 2 and out["evals"]
     assert [c.step for c in find_checkpoints(tmp_path / "run" / "checkpoints")] == [1, 2]
     assert "at seq_len 1 no value has an earlier pair to recall" in caplog.text
+
+
+def test_a_full_disk_on_rank_0_ends_the_other_rank_with_exit_4_too(tmp_path):
+    """Under torchrun only rank 0 writes a DDP checkpoint; the other rank learns of the failure
+    instead of waiting for it until the process group times out."""
+    script = tmp_path / "full_disk.py"
+    script.write_text(
+        "import errno, os, runpy, sys\n"
+        "from flashtrain.file_integrity import HashingWriter\n"
+        "real = HashingWriter.write\n"
+        "def write(self, data):\n"
+        "    if '.step_000002.tmp' in str(self.raw.name):\n"
+        "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+        "    return real(self, data)\n"
+        "HashingWriter.write = write\n"
+        f"sys.argv = [{str(REPO / 'train.py')!r}, *sys.argv[1:]]\n"
+        f"runpy.run_path({str(REPO / 'train.py')!r}, run_name='__main__')\n"
+    )
+    ckpt_dir = tmp_path / "ckpts"
+    args = TINY + ["trainer.max_steps=2", "trainer.ckpt_interval=1", f"trainer.ckpt_dir={ckpt_dir}"]
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={free_port()}",
+            "--monitor-interval=0.2",
+            str(script),
+            *args,
+            "trainer.dist_timeout_s=60",
+        ],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    out = res.stdout + res.stderr
+    # the first rank to end (often rank 1, which wrote nothing) ends with 4, neither with a
+    # crash; torchrun then stops the other
+    assert re.search(r"failed \(exitcode: 4\) local_rank: [01]", out), out[-3000:]
+    assert not re.search(r"exitcode\s*:\s*1\b", out), out[-3000:]
+    assert "no space left on the device writing checkpoint" in out
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step_000001"]
