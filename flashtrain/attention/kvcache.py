@@ -49,7 +49,8 @@ def _check_cache(q, k_cache, v_cache, k, v) -> None:
             "k and v must be given together (new keys and values to append) or not at all"
         )
     if k is not None:
-        want = (q.shape[0], k.shape[1] if k.dim() == 4 else -1, *k_cache.shape[2:])
+        new_len = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
+        want = (q.shape[0], new_len, *k_cache.shape[2:])
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape) != want:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
