@@ -197,6 +197,12 @@ def flash_attn_with_kvcache(
             if rotary_cos is None or rotary_sin is None:
                 raise ValueError("rotary_cos and rotary_sin must be given together")
             check_rotary_tables(rotary_cos, rotary_sin, head_dim, device)
+            last = start + max(new_len, seqlen_q) - 1  # (B,) the last position rotated
+            if validation.values_checked(device) and bool((last >= rotary_cos.shape[0]).any()):
+                raise ValueError(
+                    f"rotary_cos has {rotary_cos.shape[0]} positions but this call rotates up to "
+                    f"position {int(last.max())}: the tables need seqlen_ro > cache_seqlens + seqlen_new - 1"
+                )
             k = apply_rotary_at(
                 k, rotary_cos, rotary_sin, start[:, None] + steps[:new_len], rotary_interleaved
             )

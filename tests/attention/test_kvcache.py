@@ -218,6 +218,8 @@ def _bad_calls():
         ),
         "rotary_dim",
     )
+    rope = dict(rotary_cos=torch.ones(4, 2), rotary_sin=torch.ones(4, 2))
+    yield dict(cache_seqlens=lens, k=k1, v=k1, **rope), "rotary_cos has 4 positions"
     yield (
         dict(cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32)),
         "cache_batch_idx must index",
