@@ -284,3 +284,21 @@ def test_no_host_reads_on_the_kernel_route(monkeypatch):
         alibi_slopes=torch.ones(4), return_softmax_lse=True,
     )  # fmt: skip
     assert reads == []
+
+
+@pytest.mark.single_route
+def test_a_decode_step_compiles_as_one_graph(monkeypatch):
+    """torch.compile(fullgraph=True) captures the validation, the in-place append and the op
+    (an opaque node) without a graph break; same output and the same cache as eager."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+
+    def step(q, kc, vc, k, v, lens):
+        return flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    q, k, v = _rand(2, 1, 4, 16), _rand(2, 1, 2, 16), _rand(2, 1, 2, 16)
+    kc, vc = torch.zeros(2, 20, 2, 16), torch.zeros(2, 20, 2, 16)
+    kc2, vc2 = kc.clone(), vc.clone()
+    lens = torch.tensor([3, 7], dtype=torch.int32)
+    torch.testing.assert_close(compiled(q, kc, vc, k, v, lens), step(q, kc2, vc2, k, v, lens))
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2) and kc.abs().sum() > 0
