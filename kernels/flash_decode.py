@@ -202,7 +202,7 @@ def flash_decode(q, k_cache, v_cache, out, lse, seqlens_k, *, cache_batch_idx, s
     float32 in place. Windows use flashtrain.kernels.common.UNBOUNDED for an unbounded side, causal
     is right = 0, aligned per batch entry at the bottom right. alibi_slopes None or float32
     (B, Hq). num_splits: 0 chooses from the shape (choose_splits), else at most that many (one
-    per key tile at most). Nothing here reads a device value: no host sync."""
+    per key tile and MAX_SPLITS at most). Nothing here reads a device value: no host sync."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     cache_len, heads_kv = k_cache.shape[1], k_cache.shape[2]
     group = heads_q // heads_kv
@@ -217,7 +217,7 @@ def flash_decode(q, k_cache, v_cache, out, lse, seqlens_k, *, cache_batch_idx, s
     def launch(cfg):
         row_tiles = triton.cdiv(rows, cfg.block_m)
         key_tiles = max(1, triton.cdiv(cache_len, cfg.block_n))
-        splits = num_splits or choose_splits(batch * heads_kv * row_tiles, key_tiles,
+        splits = min(num_splits, MAX_SPLITS) or choose_splits(batch * heads_kv * row_tiles, key_tiles,
                                              _multiprocessors(q.device))
         # whole key tiles per split; no split left empty by the rounding
         split_len = triton.cdiv(key_tiles, min(splits, key_tiles)) * cfg.block_n

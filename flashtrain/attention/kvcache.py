@@ -49,7 +49,8 @@ def _check_cache(q, k_cache, v_cache, k, v) -> None:
             "k and v must be given together (new keys and values to append) or not at all"
         )
     if k is not None:
-        want = (q.shape[0], k.shape[1] if k.dim() == 4 else -1, *k_cache.shape[2:])
+        new_len = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
+        want = (q.shape[0], new_len, *k_cache.shape[2:])
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape) != want:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -196,6 +197,12 @@ def flash_attn_with_kvcache(
             if rotary_cos is None or rotary_sin is None:
                 raise ValueError("rotary_cos and rotary_sin must be given together")
             check_rotary_tables(rotary_cos, rotary_sin, head_dim, device)
+            last = start + max(new_len, seqlen_q) - 1  # (B,) the last position rotated
+            if validation.values_checked(device) and bool((last >= rotary_cos.shape[0]).any()):
+                raise ValueError(
+                    f"rotary_cos has {rotary_cos.shape[0]} positions but this call rotates up to "
+                    f"position {int(last.max())}: the tables need seqlen_ro > cache_seqlens + seqlen_new - 1"
+                )
             k = apply_rotary_at(
                 k, rotary_cos, rotary_sin, start[:, None] + steps[:new_len], rotary_interleaved
             )

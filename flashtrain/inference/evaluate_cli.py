@@ -38,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="sliding windows this far apart (token corpora); default: non-overlapping")  # fmt: skip
     p.add_argument("--batches", type=int, default=None,
                    help="at most this many batches per length (default: the whole split; 8 for synthetic)")  # fmt: skip
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="about this many tokens per length, the same leading span of the split "
+        "at every length (so lengths compare on the same text); instead of --batches",
+    )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--buckets", type=int, default=16, help="position buckets (log-spaced)")
     p.add_argument("--out", type=Path, default=None)
@@ -70,6 +77,8 @@ def _progress(disabled: bool):
 
 
 def run(args) -> list[Path]:
+    if args.tokens is not None and args.batches is not None:
+        raise ValueError("--tokens and --batches both size the evaluation: give one")
     loaded = load_for_inference(args.checkpoint, args.device)
     if args.data:
         data = composed_data_config(args.data[0], args.data[1:])
@@ -94,9 +103,13 @@ def run(args) -> list[Path]:
             model, notes = models[seq_len], [f"learned positions {mode}d from {limit}"]
         elif seq_len > trained:
             notes = [f"beyond the trained {trained} tokens"]
+        batches = args.batches
+        if args.tokens is not None:  # windows of seq_len (or stride) new tokens each
+            step = args.stride if args.stride and args.stride < seq_len else seq_len
+            batches = max(1, -(-args.tokens // (args.batch_size * step)))
         result = evaluate_length(
             model, data, seq_len, stride=args.stride, batch_size=args.batch_size,
-            max_batches=args.batches, seed=int(loaded.config.seed), buckets=args.buckets,
+            max_batches=batches, seed=int(loaded.config.seed), buckets=args.buckets,
             progress=_progress(args.no_progress),
         )  # fmt: skip
         result.notes += notes

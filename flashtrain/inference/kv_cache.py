@@ -85,8 +85,11 @@ class KVCache:
             k_cache[:, :seqlen], v_cache[:, :seqlen] = k, v
             return original(q, k, v, ctx, 0.0)
         return flash_attn_with_kvcache(
-            q, k_cache, v_cache, k, v, cache_seqlens=self.seqlens, causal=True
-        )
+            q, k_cache, v_cache, k, v, cache_seqlens=self.seqlens, causal=True,
+            # a context that carries a sliding window or a soft-cap (the Llama family's) keeps it
+            window_size=getattr(ctx, "window_size", (-1, -1)),
+            softcap=getattr(ctx, "softcap", 0.0) or 0.0,
+        )  # fmt: skip
 
     def finish_prefill(self, lengths: torch.Tensor) -> None:
         """After the prompts' pass: sequence b holds its first lengths[b] tokens."""

@@ -218,6 +218,8 @@ def _bad_calls():
         ),
         "rotary_dim",
     )
+    rope = dict(rotary_cos=torch.ones(4, 2), rotary_sin=torch.ones(4, 2))
+    yield dict(cache_seqlens=lens, k=k1, v=k1, **rope), "rotary_cos has 4 positions"
     yield (
         dict(cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32)),
         "cache_batch_idx must index",
@@ -241,3 +243,62 @@ def test_bad_input_is_a_clear_value_error(bad):
     kc, vc = _rand(2, 9, 2, 8), _rand(2, 9, 2, 8)
     with pytest.raises(ValueError, match=message):
         flash_attn_with_kvcache(q, kc, vc, **kwargs)
+
+
+@pytest.mark.single_route
+def test_no_host_reads_on_the_kernel_route(monkeypatch):
+    """What a GPU call does (index values unchecked): flashtrain code never reads a tensor's
+    value into Python (.item(), .tolist(), bool/int/float/index of a tensor), so a decode step
+    neither synchronises nor breaks a CUDA graph."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import flashtrain
+    from flashtrain.attention import validation
+
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        pytest.skip("runs the kernels under the interpreter")
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "triton")
+    monkeypatch.setattr(validation, "values_checked", lambda device: False)
+    ours = (str(Path(flashtrain.__file__).resolve().parent),
+            str(Path(flashtrain.__file__).resolve().parents[1] / "kernels"))  # fmt: skip
+    reads = []
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def watched(tensor, *args, _original=original, _name=name, **kwargs):
+            caller = str(Path(sys._getframe(1).f_code.co_filename).resolve())
+            if caller.startswith(ours):
+                reads.append(f"{_name} in {caller}:{sys._getframe(1).f_lineno}")
+            return _original(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, watched)
+    q, kc, vc = _rand(2, 1, 4, 16), _rand(2, 40, 2, 16), _rand(2, 40, 2, 16)
+    k_new, v_new = _rand(2, 1, 2, 16), _rand(2, 1, 2, 16)
+    angles = torch.rand(48, 8)
+    flash_attn_with_kvcache(
+        q, kc, vc, k_new, v_new, rotary_cos=angles.cos(), rotary_sin=angles.sin(),
+        cache_seqlens=torch.tensor([5, 30], dtype=torch.int32), causal=True,
+        cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32), num_splits=0,
+        alibi_slopes=torch.ones(4), return_softmax_lse=True,
+    )  # fmt: skip
+    assert reads == []
+
+
+@pytest.mark.single_route
+def test_a_decode_step_compiles_as_one_graph(monkeypatch):
+    """torch.compile(fullgraph=True) captures the validation, the in-place append and the op
+    (an opaque node) without a graph break; same output and the same cache as eager."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+
+    def step(q, kc, vc, k, v, lens):
+        return flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    q, k, v = _rand(2, 1, 4, 16), _rand(2, 1, 2, 16), _rand(2, 1, 2, 16)
+    kc, vc = torch.zeros(2, 20, 2, 16), torch.zeros(2, 20, 2, 16)
+    kc2, vc2 = kc.clone(), vc.clone()
+    lens = torch.tensor([3, 7], dtype=torch.int32)
+    torch.testing.assert_close(compiled(q, kc, vc, k, v, lens), step(q, kc2, vc2, k, v, lens))
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2) and kc.abs().sum() > 0

@@ -64,11 +64,12 @@ def test_bucket_edges_cover_every_position_once():
 
 def test_command_writes_json_markdown_and_plot_beyond_the_trained_length(text_run, tmp_path):
     out = tmp_path / "eval"
-    assert main([str(text_run), "--seq-len", "16", "128", "--batches", "2", "--out", str(out),
+    assert main([str(text_run), "--seq-len", "16", "128", "--tokens", "2048", "--out", str(out),
                  "--no-progress"]) == 0  # fmt: skip
     report = json.loads((out / "eval.json").read_text())
     assert report["step"] == 6 and report["run"] and report["commit"]
     assert [e["seq_len"] for e in report["lengths"]] == [16, 128]
+    assert report["lengths"][0]["tokens"] == report["lengths"][1]["tokens"]  # the same span
     beyond = report["lengths"][1]
     assert beyond["notes"] == ["learned positions interpolated from 64"]
     assert beyond["bits_per_byte"] == pytest.approx(beyond["loss"] / math.log(2))

@@ -112,3 +112,43 @@ def test_generate_command_on_a_trained_checkpoint(recall_run):
 def test_generate_command_refuses_bad_prompts(recall_run, capsys):
     assert main([str(recall_run), "--prompt", "hello"]) == 2
     assert "token ids separated by spaces" in capsys.readouterr().err
+
+
+def test_cache_keeps_a_contexts_window_and_softcap():
+    """A layer whose context carries a sliding window and a soft-cap (the Llama family's) decodes
+    with them: prefill then one token at a time equals flash_attn_func on the whole sequence."""
+    from types import SimpleNamespace
+
+    from flashtrain.attention import flash_attn_func
+    from flashtrain.inference.kv_cache import KVCache
+
+    torch.manual_seed(4)
+    ctx = SimpleNamespace(window_size=(3, 0), softcap=2.0)
+    q, k, v = torch.randn(2, 9, 4, 16), torch.randn(2, 9, 2, 16), torch.randn(2, 9, 2, 16)
+
+    def layer_attention(q, k, v, ctx, dropout_p):
+        return flash_attn_func(
+            q, k, v, causal=True, window_size=ctx.window_size, softcap=ctx.softcap
+        )
+
+    want = layer_attention(q, k, v, ctx, 0.0)
+    cache = KVCache(batch=2, max_len=12)
+    cache.layers = [None]
+    pieces = [cache.attend(0, q[:, :5], k[:, :5], v[:, :5], ctx, layer_attention)]
+    cache.finish_prefill(torch.tensor([5, 5]))
+    for t in range(5, 9):
+        pieces.append(cache.attend(0, q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], ctx, None))
+        cache.advance()
+    torch.testing.assert_close(torch.cat(pieces, dim=1), want, atol=2e-5, rtol=0)
+
+
+def test_decode_benchmark_runs_every_method_and_they_agree(tmp_path):
+    """On a CPU only that it runs and the methods agree; the timings need a GPU."""
+    import json
+
+    from flashtrain.inference.bench_decode import main as bench
+
+    assert bench(["--cache-lens", "40", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["kvcache", "kvcache-1", "flash", "sdpa"]
+    assert all(r["max_abs_diff_vs_kvcache"] < 1e-5 for r in rows)

@@ -3,7 +3,7 @@ recalls more often than chance (slow: the default run trains for about two minut
 
 import numpy as np
 import pytest
-from conftest import train
+from inference_testing import train
 
 from flashtrain.inference.checkpoint import load_for_inference
 from flashtrain.inference.recall import main, recall_accuracy, recall_prompts
