@@ -43,6 +43,15 @@ def test_longer_context_interpolates_positions(exported):
     assert torch.equal(copied.wpe.weight.detach()[64:], wpe)
 
 
+def test_shorter_context_takes_the_first_positions(exported):
+    from safetensors.torch import load_file
+
+    wpe = load_file(str(exported / "model.safetensors"))["transformer.wpe.weight"]  # (64, C)
+    cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=64, vocab_size=16, max_seq_len=24)
+    model = build_model({**cfg, "init_from": f"hf:{exported}"}, {"impl": "reference"})
+    assert torch.equal(model.wpe.weight.detach(), wpe[:24])
+
+
 def test_architecture_mismatch_is_refused_naming_the_field(exported, tmp_path):
     cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=64, vocab_size=16, max_seq_len=64)
     for field, value, theirs in (("n_layer", 3, "n_layer=2"), ("d_model", 32, "n_embd=64"),
