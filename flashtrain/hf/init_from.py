@@ -14,7 +14,7 @@ import logging
 
 import torch
 
-from flashtrain.hf.convert import complete_state
+from flashtrain.hf.convert import complete_state, first_positions
 from flashtrain.hf.registry import mapping_for
 from flashtrain.hf.source import read_config, read_weights, resolve_source
 
@@ -39,11 +39,8 @@ def hf_init_state(ref: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         )
     mapping.check_architecture(hf_cfg, cfg, source)
     state = mapping.state_from_hf(read_weights(folder), cfg, source)
+    state = first_positions(state, model)
     own = model.state_dict()
-    for key, kind in model.position_tables.items():
-        if kind == "1d" and key in state and state[key].shape[0] > own[key].shape[0]:
-            # a shorter context than the checkpoint's: its first positions, as transformers runs
-            state[key] = state[key][: own[key].shape[0]]
     fresh = sorted(k for k in own if k not in state)
     if fresh:
         log.info(
