@@ -60,7 +60,8 @@ def _source(model_or_path) -> tuple[dict, dict, str]:
 def from_hf(model_or_path: Any, attention: Any = "flash", **overrides) -> TransformerModel:
     """A flashtrain model from a transformers model, a local folder or a hub id: its config
     mapped (overrides: other model-config fields, e.g. max_seq_len, dropout, pad_vocab_multiple;
-    a longer max_seq_len interpolates learned positions, model.init_positions says how), its
+    a longer max_seq_len resizes learned positions as init_positions says, a shorter one keeps
+    the first ones), its
     weights mapped exactly, in their dtype. attention: an attention config or impl name."""
     hf_cfg, hf_state, source = _source(model_or_path)
     mapping = mapping_for_hf(hf_cfg, source)
@@ -71,7 +72,9 @@ def from_hf(model_or_path: Any, attention: Any = "flash", **overrides) -> Transf
     model.to_empty(device="cpu")
     model.init_weights()  # only what the checkpoint lacks (a head) keeps these
     model.to(dtype)
-    state = complete_state(mapping.state_from_hf(hf_state, cfg, source), model)
+    state = complete_state(
+        first_positions(mapping.state_from_hf(hf_state, cfg, source), model), model
+    )
     model.load_state_dict_extended(state, mode=cfg.init_positions)
     return model
 
@@ -80,3 +83,15 @@ def complete_state(state: dict, model: TransformerModel) -> dict:
     """state with the keys it lacks (an optional head) taken from the model's own."""
     own = model.state_dict()
     return {**{k: v for k, v in own.items() if k not in state}, **state}
+
+
+def first_positions(state: dict, model: TransformerModel) -> dict:
+    """state with learned 1-D position tables longer than the model's cut to its length: a
+    shorter context than the checkpoint's uses its first positions, as transformers runs a
+    shorter sequence (a longer one is resized by load_state_dict_extended)."""
+    own = model.state_dict()
+    out = dict(state)
+    for key, kind in model.position_tables.items():
+        if kind == "1d" and key in out and out[key].shape[0] > own[key].shape[0]:
+            out[key] = out[key][: own[key].shape[0]]
+    return out

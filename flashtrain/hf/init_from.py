@@ -2,8 +2,9 @@
 checkpoint (flashtrain.models.transformer calls this while initialising).
 
 The checkpoint's architecture must match the configured model's field for field (a mismatch is
-refused naming the field); its positional table may be shorter or longer (resized afterwards as
-any init_from: model.init_positions). A head the checkpoint lacks (a classifier on a masked-LM
+refused naming the field). Learned positions: a longer context than the checkpoint's resizes
+them as any init_from does (model.init_positions); a shorter one takes the checkpoint's first
+positions, as transformers runs a shorter sequence. A head the checkpoint lacks (a classifier on a masked-LM
 checkpoint) keeps its fresh initialisation.
 """
 
@@ -13,7 +14,7 @@ import logging
 
 import torch
 
-from flashtrain.hf.convert import complete_state
+from flashtrain.hf.convert import complete_state, first_positions
 from flashtrain.hf.registry import mapping_for
 from flashtrain.hf.source import read_config, read_weights, resolve_source
 
@@ -38,7 +39,9 @@ def hf_init_state(ref: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         )
     mapping.check_architecture(hf_cfg, cfg, source)
     state = mapping.state_from_hf(read_weights(folder), cfg, source)
-    fresh = sorted(k for k in model.state_dict() if k not in state)
+    state = first_positions(state, model)
+    own = model.state_dict()
+    fresh = sorted(k for k in own if k not in state)
     if fresh:
         log.info(
             "init_from=%s: %d tensors not in it keep their fresh init: %s",

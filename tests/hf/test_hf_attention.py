@@ -212,3 +212,20 @@ def test_bert_encoder_with_padding(route, varlen_calls):
     labels = ids.masked_fill(mask == 0, -100)
     assert_twins_agree(ours, eager, ids, mask, labels)
     assert varlen_calls == [int(mask.sum())] * 2
+
+
+def test_from_pretrained_with_flashtrain_attention(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    import flashtrain.hf
+
+    assert flashtrain.hf.register() == "flashtrain"
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=41)
+    ours, eager = twins(config, seed=7)
+    ours.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="flashtrain"
+    )
+    assert loaded.config._attn_implementation == "flashtrain"
+    ids = torch.randint(0, 41, (2, 12), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, eager(ids).logits, atol=2e-5, rtol=1e-4)

@@ -74,6 +74,13 @@ def test_sharded_checkpoint_and_sharded_safetensors(tmp_path):
     ids = torch.randint(0, 45, (1, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert rel_err(model.logits(ids), hf(ids).logits) < 1e-5
+    # --dtype: the weights stored in it
+    from safetensors import safe_open
+
+    out = export_checkpoint(ckpt, tmp_path / "out", dtype="bfloat16", overwrite=True)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:  # one file below 5GB
+        assert f.get_tensor("transformer.wte.weight").dtype == torch.bfloat16
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
 
 def _tiny_bpe(path):

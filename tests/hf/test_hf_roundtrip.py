@@ -17,6 +17,7 @@ from hf_testing import (
 
 from flashtrain.hf import from_hf, to_hf
 from flashtrain.models import build_model
+from flashtrain.models.positions import resize_positions
 
 # the reference attention computes in the inputs' dtype: float64 end to end
 REF = {"impl": "reference"}
@@ -165,3 +166,12 @@ def test_hub_style_bert_folder(tmp_path):
     model = from_hf(str(tmp_path), attention=REF)
     assert model.config.head == "mlm" and model.word_embeddings.weight.dtype == torch.float64
     assert_same_state(to_hf(model).state_dict(), hf.state_dict())
+
+
+def test_from_hf_at_another_context():
+    hf = tiny_gpt2(seed=6)  # 40 positions
+    wpe = hf.transformer.wpe.weight.detach()
+    short = from_hf(hf, attention=REF, max_seq_len=24)
+    assert torch.equal(short.wpe.weight.detach(), wpe[:24])
+    long = from_hf(hf, attention=REF, max_seq_len=80)
+    torch.testing.assert_close(long.wpe.weight.detach(), resize_positions(wpe, 80, "interpolate"))
