@@ -28,10 +28,12 @@ PACKAGE = str(Path(flashtrain.__file__).resolve().parent)
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
 THE_COPY = "trainer.py:host_values: return values.tolist()"
 # Reads that are not device syncs, made on CPU tensors only: the PyTorch CPU attention route
-# takes the dropout seed as an int (the CUDA route hands the kernels the device tensor), and the
-# loss checks the labels' range (on a GPU only with FLASHTRAIN_CHECK_INPUTS=1).
+# takes the dropout seed as an int (the CUDA route hands the kernels the device tensor), the
+# loss checks the labels' range (on a GPU only with FLASHTRAIN_CHECK_INPUTS=1), and the CPU
+# fast path checks K/V are finite before taking ATen's causal kernel (it returns at once for a
+# tensor not on the CPU).
 CPU_ROUTE_ONLY = ("int(seed)",)
-CPU_VALUE_CHECKS = ("loss.py:_check_head_inputs",)
+CPU_VALUE_CHECKS = ("loss.py:_check_head_inputs", "cpu_flash.py:eligible")
 
 
 def _tiny(tmp_path, *extra):
