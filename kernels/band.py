@@ -20,14 +20,14 @@ def allowed(rows, cols, seqlen_k, band):
 
 
 @triton.jit
-def finite_part(x, seen, PRECISION: tl.constexpr):
-    """For a tile of keys or values x (BLOCK_N, BLOCK_D) of which each query row sees only some
-    (`seen`, (BLOCK_M, BLOCK_N)): x with its NaN/inf entries zeroed, so that a row's p = 0 on an
-    entry it cannot see gives 0 and not NaN, and the bool (BLOCK_M, BLOCK_D) of where a row sees
-    a non-finite entry, to be set NaN. One extra small dot, on masked tiles only."""
+def finite_part(x, seen):
+    """For a tile of values x (BLOCK_N, BLOCK_D) of which each query row sees only some (`seen`,
+    (BLOCK_M, BLOCK_N)): x with its NaN/inf entries zeroed, so that a row's p = 0 on an entry
+    it cannot see gives 0 and not NaN, and the bool (BLOCK_M,) of the rows that see a non-finite
+    entry, to be set NaN (whole rows: two reductions, no extra dot or accumulator)."""
     finite = tl.abs(x.to(tl.float32)) < float("inf")  # False for NaN and +-inf
-    bad = tl.where(finite, 0.0, 1.0).to(x.dtype)
-    seen_bad = tl.dot(seen.to(x.dtype), bad, input_precision=PRECISION) > 0.0
+    key_bad = tl.max(tl.where(finite, 0, 1), 1)  # (BLOCK_N,)
+    seen_bad = tl.max(tl.where(seen & (key_bad[None, :] > 0), 1, 0), 1) > 0  # (BLOCK_M,)
     return tl.where(finite, x, 0.0).to(x.dtype), seen_bad
 
 

@@ -67,10 +67,10 @@ def _forward_segment(acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, sco
             p = tl.where(dropout_keep(seed_bh, offs_m[:, None], offs_n[None, :], seqlen_k, dropout_p), p, 0.0)
         v = load_rows(v_src, start_n, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
         if MASKED:  # masked entries never contribute, not even as 0 * NaN (docs/attention_semantics.md)
-            v, seen_bad = finite_part(v, seen, PRECISION)
+            v, seen_bad = finite_part(v, seen)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         if MASKED:
-            acc = tl.where(seen_bad, float("nan"), acc)
+            acc = tl.where(seen_bad[:, None], float("nan"), acc)
         m_i = m_new
     return acc, l_i, m_i
 
