@@ -11,8 +11,9 @@ merges the splits exactly through the LSE (the ring attention's merge):
 The query heads of one KV head (a GQA group) and the query rows share the tile's rows
 (row r: query r // GROUP, head h_kv * GROUP + r % GROUP), so each K/V tile is loaded once
 for the whole group and tl.dot gets at least 16 rows. Each batch entry has its own key count
-(SEQLENS_K, read on the device: no host sync), its own cache row (CACHE_BATCH_IDX) and
-optionally a first key (LEFTPAD: keys before it are left padding); query i sits at key
+(SEQLENS_K, read on the device: no host sync), its own cache row (CACHE_BATCH_IDX) or its
+own pages of a paged cache (BLOCK_TABLE: key j at row j % page_size of page
+block_table[b, j // page_size], looked up per key), and optionally a first key (LEFTPAD: keys before it are left padding); query i sits at key
 position i + seqlen_k[b] - Sq (bottom-right causal alignment).
 
 With one split the partial output is the output: the kernel writes out and lse directly and
@@ -39,17 +40,17 @@ MAX_SPLITS = 128
 
 @triton.jit
 def flash_decode_split_kernel(
-    Q, K, V, O, LSE, SEQLENS_K, CACHE_BATCH_IDX, LEFTPAD, ALIBI_SLOPES,
+    Q, K, V, O, LSE, SEQLENS_K, CACHE_BATCH_IDX, LEFTPAD, ALIBI_SLOPES, BLOCK_TABLE,
     stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-    stride_ab, stride_ah,
+    stride_ab, stride_ah, stride_bt, page_size,
     seqlen_q, heads_kv, split_len, window_left, window_right,
     scale_log2, softcap_scale, softcap_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
-    HAS_LEFTPAD: tl.constexpr,
+    HAS_LEFTPAD: tl.constexpr, PAGED: tl.constexpr,
 ):
     split = tl.program_id(0)
     m0 = tl.program_id(1) * BLOCK_M
@@ -79,8 +80,12 @@ def flash_decode_split_kernel(
         slope_log2 = -tl.load(ALIBI_SLOPES + b * stride_ab + h * stride_ah, mask=row_ok, other=0.0) * LOG2E
     pos = i + diag  # (BLOCK_M,) key position of each query
 
-    k_base = K + cache_b64 * stride_kb + h_kv * stride_kh
-    v_base = V + cache_b64 * stride_vb + h_kv * stride_vh
+    if PAGED:  # a page index per key: the cache is a pool of (page_size, Hkv, D) pages
+        k_base = K + h_kv * stride_kh
+        v_base = V + h_kv * stride_vh
+    else:
+        k_base = K + cache_b64 * stride_kb + h_kv * stride_kh
+        v_base = V + cache_b64 * stride_vb + h_kv * stride_vh
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -88,7 +93,15 @@ def flash_decode_split_kernel(
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
         kv_mask = col_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + cols[:, None].to(tl.int64) * stride_kn + cols_d[None, :], mask=kv_mask, other=0.0)
+        if PAGED:
+            page = tl.load(BLOCK_TABLE + b64 * stride_bt + cols // page_size, mask=col_ok, other=0).to(tl.int64)
+            in_page = (cols % page_size).to(tl.int64)
+            k_rows = page * stride_kb + in_page * stride_kn
+            v_rows = page * stride_vb + in_page * stride_vn
+        else:
+            k_rows = cols.to(tl.int64) * stride_kn
+            v_rows = cols.to(tl.int64) * stride_vn
+        k = tl.load(k_base + k_rows[:, None] + cols_d[None, :], mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32
         if SOFTCAP:
             s = tanh(qk * softcap_scale) * softcap_log2
@@ -104,7 +117,7 @@ def flash_decode_split_kernel(
         p = tl.math.exp2(s - m_shift[:, None])
         alpha = tl.math.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vn + cols_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + v_rows[:, None] + cols_d[None, :], mask=kv_mask, other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
@@ -194,17 +207,22 @@ def choose_splits(programs: int, key_tiles: int, multiprocessors: int) -> int:
 
 def flash_decode(q, k_cache, v_cache, out, lse, seqlens_k, *, cache_batch_idx, softmax_scale,
                  window_left, window_right, softcap=0.0, alibi_slopes=None, num_splits=0,
-                 cache_leftpad=None):
+                 cache_leftpad=None, block_table=None):
     """Attention of q (B, Sq, Hq, D) against the KV cache: k_cache / v_cache (B_cache, S_cache,
     Hkv, D), batch b reading cache row cache_batch_idx[b] (int32 (B,), or None: row b) and its
     first seqlens_k[b] keys (int32 (B,) on q's device), from cache_leftpad[b] on (int32 (B,), or
-    None: from 0). Writes out (like q) and lse (B, Hq, Sq)
+    None: from 0). Paged: block_table int32 (B, pages) maps entry b's key j to row j % page_size of
+    page block_table[b, j // page_size] of k_cache / v_cache (num_pages, page_size, Hkv, D).
+    Writes out (like q) and lse (B, Hq, Sq)
     float32 in place. Windows use flashtrain.kernels.common.UNBOUNDED for an unbounded side, causal
     is right = 0, aligned per batch entry at the bottom right. alibi_slopes None or float32
     (B, Hq). num_splits: 0 chooses from the shape (choose_splits), else at most that many (one
     per key tile and MAX_SPLITS at most). Nothing here reads a device value: no host sync."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     cache_len, heads_kv = k_cache.shape[1], k_cache.shape[2]
+    page_size = k_cache.shape[1]
+    if block_table is not None:  # the keys an entry may hold: its pages
+        cache_len = block_table.shape[1] * page_size
     group = heads_q // heads_kv
     rows = seqlen_q * group
     cfg = decode_config(head_dim, q.dtype, q.device, rows)
@@ -235,13 +253,15 @@ def flash_decode(q, k_cache, v_cache, out, lse, seqlens_k, *, cache_batch_idx, s
         flash_decode_split_kernel[(splits, row_tiles, batch * heads_kv)](
             q, k_cache, v_cache, o_part, lse_part, seqlens_k, batch_idx,
             cache_leftpad if cache_leftpad is not None else seqlens_k, slopes,
+            block_table if block_table is not None else seqlens_k,
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             *o_strides, *l_strides, *slope_strides,
+            block_table.stride(0) if block_table is not None else 0, page_size,
             seqlen_q, heads_kv, split_len, window_left, window_right, scale_log2, *cap,
             GROUP=group, HEAD_DIM=head_dim, BLOCK_D=cfg.block_d, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0.0,
             ALIBI=alibi_slopes is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
-            HAS_LEFTPAD=cache_leftpad is not None,
+            HAS_LEFTPAD=cache_leftpad is not None, PAGED=block_table is not None,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         if splits > 1:

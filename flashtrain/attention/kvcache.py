@@ -79,7 +79,28 @@ def _cache_seqlens_tensor(cache_seqlens, batch: int, device) -> torch.Tensor:
     return cache_seqlens
 
 
-def _check_values(cache_seqlens, new_len, cache_len, cache_batch_idx, cache_rows, leftpad) -> None:
+def _check_block_table(block_table, batch: int, device, cache_batch_idx) -> None:
+    if (
+        not isinstance(block_table, torch.Tensor)
+        or block_table.dtype != torch.int32
+        or (block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0)
+    ):
+        got = (
+            f"{block_table.dtype} {tuple(block_table.shape)}"
+            if isinstance(block_table, torch.Tensor)
+            else type(block_table).__name__
+        )
+        raise ValueError(f"block_table must be an int32 tensor ({batch}, pages >= 1), got {got}")
+    if block_table.device != device:
+        raise ValueError(f"block_table is on {block_table.device} but q is on {device}")
+    if cache_batch_idx is not None:
+        raise ValueError(
+            "a paged cache (block_table) names each entry's pages: drop cache_batch_idx"
+        )
+
+
+def _check_values(cache_seqlens, new_len, cache_len, cache_batch_idx, cache_rows, leftpad,
+                  block_table=None) -> None:  # fmt: skip
     """Index values that would otherwise write or read outside the cache (CPU tensors, or
     FLASHTRAIN_CHECK_INPUTS=1: reading them costs a host sync on a GPU)."""
     if not validation.values_checked(cache_seqlens.device):
@@ -95,6 +116,12 @@ def _check_values(cache_seqlens, new_len, cache_len, cache_batch_idx, cache_rows
         if bool((idx < 0).any()) or bool((idx >= cache_rows).any()):
             raise ValueError(
                 f"cache_batch_idx must index the cache's {cache_rows} rows, got {idx.tolist()}"
+            )
+    if block_table is not None:
+        pages = block_table.cpu()
+        if bool((pages < 0).any()) or bool((pages >= cache_rows).any()):
+            raise ValueError(
+                f"block_table must index the cache's {cache_rows} pages, got {pages.tolist()}"
             )
     if leftpad is not None:
         pad = leftpad.cpu()
@@ -141,7 +168,10 @@ def flash_attn_with_kvcache(
         cache (then k, v cannot be appended). Batch b attends the first cache_seqlens[b] + Snew keys.
     cache_batch_idx: int32 (B,): the cache row of each batch entry (None: row b, B_cache == B).
     cache_leftpad: int32 (B,): keys before it are padding (never attended); None: 0.
-    block_table: paged caches are not provided (a ValueError); use a contiguous cache.
+    block_table: int32 (B, pages): a paged cache. k_cache, v_cache are then a pool
+        (num_pages, page_size, Hkv, D) and entry b's key j lives at row j % page_size of page
+        block_table[b, j // page_size] (any page_size; flash-attn asks for multiples of 256);
+        not with cache_batch_idx.
     causal: aligned bottom-right per entry (query i sees keys j <= i + seqlen_k[b] - Sq), so
         Sq > 1 works for chunked prefill and speculative decoding.
     window_size, softcap, alibi_slopes, softmax_scale: as flash_attn_func.
@@ -149,11 +179,6 @@ def flash_attn_with_kvcache(
         LSE); 0 chooses from batch x heads x cache length to fill the GPU; 1 never splits.
     Returns out (B, Sq, Hq, D), and with return_softmax_lse also lse (B, Hq, Sq) float32.
     """
-    if block_table is not None:
-        raise ValueError(
-            "paged KV caches (block_table) are not provided; pass a contiguous cache "
-            "(B_cache, S_cache, heads_kv, head_dim) and cache_seqlens"
-        )
     _check_cache(q, k_cache, v_cache, k, v)
     validation.check_scale(softmax_scale)
     validation.check_softcap(softcap)
@@ -164,7 +189,10 @@ def flash_attn_with_kvcache(
     batch, seqlen_q, heads_q, head_dim = q.shape
     cache_rows, cache_len = k_cache.shape[:2]
     device = q.device
-    if cache_batch_idx is not None:
+    if block_table is not None:
+        _check_block_table(block_table, batch, device, cache_batch_idx)
+        cache_len = block_table.shape[1] * k_cache.shape[1]  # an entry's pages hold this many keys
+    elif cache_batch_idx is not None:
         _check_index_tensor("cache_batch_idx", cache_batch_idx, batch, device)
     elif cache_rows != batch:
         raise ValueError(
@@ -182,7 +210,7 @@ def flash_attn_with_kvcache(
         lens = torch.full((batch,), cache_len, dtype=torch.int32, device=device)
     else:
         lens = _cache_seqlens_tensor(cache_seqlens, batch, device)
-    _check_values(lens, new_len, cache_len, cache_batch_idx, cache_rows, cache_leftpad)
+    _check_values(lens, new_len, cache_len, cache_batch_idx, cache_rows, cache_leftpad, block_table)
     slopes = validation.check_alibi_slopes(alibi_slopes, batch, heads_q, device)
     left, right = fold_window(validation.check_window(window_size), causal, cache_len)
     rotary = rotary_cos is not None or rotary_sin is not None
@@ -209,18 +237,21 @@ def flash_attn_with_kvcache(
             every_row = causal or left >= 0 or right >= 0
             q_pos = start[:, None] + (steps[:seqlen_q] if every_row else 0 * steps[:seqlen_q])
             q = apply_rotary_at(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
-        rows = (
-            cache_batch_idx.long()
-            if cache_batch_idx is not None
-            else torch.arange(batch, device=device)
-        )
-        at = lens.long()[:, None] + steps[None, :new_len]  # (B, Snew) cache positions
-        k_cache[rows[:, None], at] = k
-        v_cache[rows[:, None], at] = v
+        at = lens.long()[:, None] + steps[None, :new_len]  # (B, Snew) key positions
+        if block_table is not None:  # page and row within it of each new key
+            page_size = k_cache.shape[1]
+            rows, at = block_table.long().gather(1, at // page_size), at % page_size
+        elif cache_batch_idx is not None:
+            rows = cache_batch_idx.long()[:, None]
+        else:
+            rows = torch.arange(batch, device=device)[:, None]
+        k_cache[rows, at] = k
+        v_cache[rows, at] = v
         lens = lens + new_len
     scale = float(1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale)
     out, lse = kvcache_attention(
-        q, k_cache, v_cache, lens, cache_batch_idx, cache_leftpad, slopes, scale, left, right,
+        q, k_cache, v_cache, lens, cache_batch_idx, cache_leftpad, block_table, slopes, scale,
+        left, right,
         float(softcap), int(num_splits),
     )  # fmt: skip
     return (out, lse) if return_softmax_lse else out

@@ -48,11 +48,16 @@ def _torch_chunk(q, k, v, seqlens_k, leftpad, slopes, scale, left, right, softca
 
 
 def torch_kvcache_attention(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad,
-                            slopes, scale, left, right, softcap):  # fmt: skip
+                            block_table, slopes, scale, left, right, softcap):  # fmt: skip
     """The PyTorch path: q (B, Sq, Hq, D) against the first seqlens_k[b] keys of cache row
-    cache_batch_idx[b]; window sides -1 = unbounded. Returns (out like q, lse (B, Hq, Sq))."""
-    k = k_cache[cache_batch_idx.long()] if cache_batch_idx is not None else k_cache
-    v = v_cache[cache_batch_idx.long()] if cache_batch_idx is not None else v_cache
+    cache_batch_idx[b] (or of entry b's pages, block_table); window sides -1 = unbounded.
+    Returns (out like q, lse (B, Hq, Sq))."""
+    if block_table is not None:  # (B, pages, page_size, Hkv, D) -> (B, pages x page_size, Hkv, D)
+        k = k_cache[block_table.long()].flatten(1, 2)
+        v = v_cache[block_table.long()].flatten(1, 2)
+    else:
+        k = k_cache[cache_batch_idx.long()] if cache_batch_idx is not None else k_cache
+        v = v_cache[cache_batch_idx.long()] if cache_batch_idx is not None else v_cache
     group = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)  # (B, S, Hq, D)
     out = torch.empty_like(q)
@@ -72,10 +77,12 @@ def torch_kvcache_attention(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cac
 def kvcache_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens_k: torch.Tensor,
     cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None,
-    alibi_slopes: torch.Tensor | None, softmax_scale: float, window_left: int,
+    block_table: torch.Tensor | None, alibi_slopes: torch.Tensor | None,
+    softmax_scale: float, window_left: int,
     window_right: int, softcap: float, num_splits: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out like q, lse (B, Hq, Sq) float32). seqlens_k int32 (B,): keys per entry;
+    block_table int32 (B, pages) or None: a paged cache (num_pages, page_size, Hkv, D);
     window sides -1 = unbounded (causal folded in as right = 0); alibi_slopes float32 (B, Hq)."""
     if route_for(q.device) == "triton":
         from flashtrain.kernels.common import UNBOUNDED
@@ -89,11 +96,11 @@ def kvcache_attention(
             window_left=UNBOUNDED if window_left < 0 else window_left,
             window_right=UNBOUNDED if window_right < 0 else window_right,
             softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
-            cache_leftpad=cache_leftpad,
+            cache_leftpad=cache_leftpad, block_table=block_table,
         )
         return out, lse
     return torch_kvcache_attention(
-        q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, alibi_slopes,
+        q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
         softmax_scale, window_left, window_right, softcap,
     )
 

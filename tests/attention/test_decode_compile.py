@@ -20,8 +20,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # split + combine per launch, except the single-split one (no combine)
 LAUNCHES = ("fp16 d128 gqa causal", "bf16 d64 mqa window alibi leftpad batch-idx",
-            "fp32 d256 softcap", "fp16 d80 prefill chunk one split")  # fmt: skip
-EXPECTED_KERNELS = 2 * 3 + 1
+            "fp32 d256 softcap", "fp16 d80 prefill chunk one split", "bf16 d128 paged")  # fmt: skip
+EXPECTED_KERNELS = 2 * 4 + 1
 
 
 def _launches():
@@ -31,10 +31,11 @@ def _launches():
     from flashtrain.kernels.flash_decode import flash_decode
 
     def run(tag, *, dtype, head_dim, heads_q, heads_kv, seqlen_q=1, num_splits=0, window=None,
-            softcap=0.0, alibi=False, extras=False):  # fmt: skip
+            softcap=0.0, alibi=False, extras=False, paged=False):  # fmt: skip
         batch, cache_len = 2, 4096
         q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=dtype)
-        kc = torch.empty(batch + 1, cache_len, heads_kv, head_dim, dtype=dtype)
+        rows = (batch * cache_len // 256, 256) if paged else (batch + 1, cache_len)  # pages of 256
+        kc = torch.empty(*rows, heads_kv, head_dim, dtype=dtype)
         lens = torch.full((batch,), cache_len, dtype=torch.int32)
         left, right = window or (UNBOUNDED, 0)
         flash_decode(
@@ -42,6 +43,7 @@ def _launches():
             cache_batch_idx=lens if extras else None, cache_leftpad=lens if extras else None,
             softmax_scale=head_dim**-0.5, window_left=left, window_right=right, softcap=softcap,
             alibi_slopes=torch.ones(batch, heads_q) if alibi else None, num_splits=num_splits,
+            block_table=torch.zeros(batch, cache_len // 256, dtype=torch.int32) if paged else None,
         )  # fmt: skip
         return tag
 
@@ -53,6 +55,8 @@ def _launches():
                       softcap=30.0, num_splits=4)  # fmt: skip
     yield lambda: run(LAUNCHES[3], dtype=torch.float16, head_dim=80, heads_q=4, heads_kv=2,
                       seqlen_q=64, num_splits=1)  # fmt: skip
+    yield lambda: run(LAUNCHES[4], dtype=torch.bfloat16, head_dim=128, heads_q=16, heads_kv=4,
+                      num_splits=8, paged=True)  # fmt: skip
 
 
 def _resources(kernel) -> dict:

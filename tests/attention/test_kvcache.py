@@ -128,6 +128,41 @@ def test_non_causal_rotary_puts_every_query_at_cache_seqlens():
     torch.testing.assert_close(out.double(), ref_out, atol=2e-5, rtol=0)
 
 
+def test_paged_cache_equals_the_contiguous_one():
+    """Pages of 5 keys (not a tile multiple) shuffled in a pool: the same append and the same
+    answer as a contiguous cache, each new key landing in its entry's page."""
+    torch.manual_seed(9)
+    batch, hq, hkv, d, page, pages_per_entry = 2, 4, 2, 16, 5, 5
+    kc, vc = (
+        _rand(batch, page * pages_per_entry, hkv, d),
+        _rand(batch, page * pages_per_entry, hkv, d),
+    )
+    order = torch.randperm(batch * pages_per_entry)  # pool page order[i] holds logical page i
+    table = torch.empty(batch, pages_per_entry, dtype=torch.int32)
+    pool_k, pool_v = (
+        torch.zeros(batch * pages_per_entry + 1, page, hkv, d),
+        torch.zeros(batch * pages_per_entry + 1, page, hkv, d),
+    )
+    for b in range(batch):
+        for p in range(pages_per_entry):
+            slot = int(order[b * pages_per_entry + p])
+            table[b, p] = slot
+            pool_k[slot], pool_v[slot] = (
+                kc[b, p * page : (p + 1) * page],
+                vc[b, p * page : (p + 1) * page],
+            )
+    q, k_new, v_new = _rand(batch, 2, hq, d), _rand(batch, 2, hkv, d), _rand(batch, 2, hkv, d)
+    lens = torch.tensor([9, 17], dtype=torch.int32)  # the new keys cross a page boundary (9, 10)
+    opts = dict(cache_seqlens=lens, causal=True, return_softmax_lse=True)
+    want = flash_attn_with_kvcache(q, kc, vc, k_new, v_new, **opts)
+    got = flash_attn_with_kvcache(q, pool_k, pool_v, k_new, v_new, block_table=table, **opts)
+    torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(got[1], want[1], atol=1e-6, rtol=0)
+    for b in range(batch):
+        for j in range(int(lens[b]) + 2):
+            torch.testing.assert_close(pool_k[table[b, j // page], j % page], kc[b, j])
+
+
 def test_leftpad_keys_are_never_attended():
     torch.manual_seed(6)
     q, kc, vc = _rand(2, 1, 2, 16), _rand(2, 20, 2, 16), _rand(2, 20, 2, 16)
@@ -199,14 +234,17 @@ def test_op_registration():
     from flashtrain.attention.kvcache_op import kvcache_attention
 
     args = (_rand(1, 1, 2, 8), _rand(1, 5, 1, 8), _rand(1, 5, 1, 8),
-            torch.tensor([4], dtype=torch.int32), None, None, None, 0.3, -1, 0, 0.0, 0)  # fmt: skip
+            torch.tensor([4], dtype=torch.int32), None, None, None, None, 0.3, -1, 0, 0.0, 0)  # fmt: skip
     torch.library.opcheck(kvcache_attention, args)
 
 
 def _bad_calls():
     k1 = _rand(2, 1, 2, 8)
     lens = torch.tensor([3, 4], dtype=torch.int32)
-    yield dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), "paged KV caches"
+    pages = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
+    yield dict(block_table=pages.long()), "block_table must be an int32"
+    yield dict(block_table=pages + 1), "block_table must index the cache's 2 pages"
+    yield dict(block_table=pages, cache_batch_idx=pages[:, 0]), "drop cache_batch_idx"
     yield dict(k=k1), "k and v must be given together"
     yield dict(k=k1, v=k1), "needs cache_seqlens"
     yield dict(cache_seqlens=lens.long()), "cache_seqlens must be an int32 tensor"

@@ -1,5 +1,6 @@
 """Inference tests share checkpoints written by short `python train.py` runs of a tiny GPT-2:
-one on the default data (synthetic recall), one on a byte-level text corpus."""
+one on the default data (synthetic recall), one on a byte-level text corpus. They run on the
+PyTorch attention path; test_generate's `route` fixture runs the cache tests on both routes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,13 @@ from pathlib import Path
 
 import pytest
 from inference_testing import train
+
+
+@pytest.fixture(autouse=True)
+def _torch_attention(monkeypatch):
+    """The PyTorch attention path unless a test picks a route itself (test_generate's `route`):
+    these tests check generation and evaluation, and the interpreter would make them slow."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
 
 
 @pytest.fixture(scope="session")
