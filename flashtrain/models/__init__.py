@@ -27,6 +27,7 @@ from flashtrain.models.attention import (
 from flashtrain.models.bert import Bert
 from flashtrain.models.classifier import SequenceClassifier
 from flashtrain.models.config import (
+    MODEL_CONFIGS,
     BertConfig,
     ClassifierConfig,
     GPT2Config,
@@ -38,6 +39,10 @@ from flashtrain.models.llama import Llama, LlamaConfig
 from flashtrain.models.loss import linear_cross_entropy
 from flashtrain.models.positions import resize_positions
 from flashtrain.models.transformer import Block, ModelOutput, TransformerModel
+
+# A model file that carries its own config registers it here, where every model module is
+# imported (llama.py imports config.py, so config.py cannot import it).
+MODEL_CONFIGS[LlamaConfig.arch] = LlamaConfig
 
 ARCHS: dict[str, type[TransformerModel]] = {
     "gpt2": GPT2,

@@ -175,12 +175,10 @@ class ClassifierConfig(TransformerConfig):
         return math.isqrt(self.max_seq_len)
 
 
-# LlamaConfig lives with its model (flashtrain/models/llama.py), which imports this module's
-# TransformerConfig: imported here, below everything llama.py needs from this file.
-from flashtrain.models.llama import LlamaConfig  # noqa: E402
-
+# LlamaConfig (flashtrain/models/llama.py, with its model) joins this table in
+# flashtrain/models/__init__.py: llama.py imports this module, so it cannot be imported here.
 MODEL_CONFIGS: dict[str, type[TransformerConfig]] = {
-    cls.arch: cls for cls in (GPT2Config, BertConfig, ClassifierConfig, LlamaConfig)
+    cls.arch: cls for cls in (GPT2Config, BertConfig, ClassifierConfig)
 }
 
 

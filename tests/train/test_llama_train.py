@@ -43,23 +43,74 @@ def _rows(path) -> dict[int, dict]:
     return {r["step"]: r for r in read_metrics(path) if r.get("loss") is not None}
 
 
-def test_two_ranks_splitting_each_sequence_match_one_process(tmp_path, monkeypatch):
-    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+def _in_process(args: list[str], run_dir):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        single = run(compose(TINY_LLAMA + STEPS), tmp_path / "single")
+        return run(compose(args), run_dir)
     finally:
         torch.set_num_threads(threads)
-    res = run_train(TINY_LLAMA + STEPS + ["trainer.context_parallel=2"], cwd=tmp_path, nproc=2)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "each sequence split over 2 ranks (ring attention, layout zigzag)" in res.stdout
-    (run_dir,) = (tmp_path / "outputs").glob("*/*")
-    got, want = _rows(run_dir / "metrics.jsonl"), _rows(single["run_dir"] + "/metrics.jsonl")
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One process's metrics rows for TINY_LLAMA + STEPS (micro-batch 4 x 2 accumulation)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+        out = _in_process(TINY_LLAMA + STEPS, tmp_path_factory.mktemp("single") / "run")
+    return _rows(out["run_dir"] + "/metrics.jsonl")
+
+
+def _matches(run_dir, want):
+    got = _rows(run_dir / "metrics.jsonl")
     assert got.keys() == want.keys() == {1, 2, 3}
     for step in want:
         for key in ("loss", "grad_norm"):
             assert got[step][key] == pytest.approx(want[step][key], rel=1e-5), (step, key)
+
+
+def test_two_ranks_splitting_each_sequence_match_one_process(tmp_path, single):
+    res = run_train(TINY_LLAMA + STEPS + ["trainer.context_parallel=2"], cwd=tmp_path, nproc=2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "each sequence split over 2 ranks (ring attention, layout zigzag)" in res.stdout
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    _matches(run_dir, single)
+
+
+def test_fsdp2_on_two_ranks_matches_one_process(tmp_path, single):
+    """Per-block FSDP2 sharding of the Llama blocks, the tied head in the root's shard."""
+    res = run_train(TINY_LLAMA + STEPS + ["trainer.strategy=fsdp"], cwd=tmp_path, nproc=2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "strategy: fsdp" in res.stdout
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    _matches(run_dir, single)
+
+
+def test_init_from_a_shorter_context_checkpoint(tmp_path, monkeypatch):
+    """A run at seq_len 32 checkpoints; a run at 64 starts from it with linear RoPE scaling
+    (model.init_from, the documented way to extend context) and starts lower than afresh."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    base = [a for a in TINY_LLAMA if "rope_scaling" not in a and not a.startswith("seq_len")]
+    short = _in_process(
+        base + ["seq_len=32", "trainer.max_steps=30", "trainer.eval_interval=0"],
+        tmp_path / "short",
+    )
+    ckpt = sorted((tmp_path / "short" / "checkpoints").glob("step_*"))[-1] / "model_optim.pt"
+    longer = base + ["seq_len=64", "trainer.max_steps=1", "trainer.eval_interval=0"]
+    scaling = ["model.rope_scaling.type=linear", "model.rope_scaling.factor=2"]
+    extended = _in_process(longer + scaling + [f"model.init_from={ckpt}"], tmp_path / "ext")
+    fresh = _in_process(longer + scaling, tmp_path / "fresh")
+    assert short["losses"][-1][1] < short["losses"][0][1] - 0.3  # the short run learned
+    assert extended["losses"][0][1] < fresh["losses"][0][1] - 0.3
+
+
+@pytest.mark.slow
+def test_compiled_llama_blocks_train_like_eager(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    eager = _in_process(TINY_LLAMA + STEPS, tmp_path / "eager")
+    compiled = _in_process(TINY_LLAMA + STEPS + ["trainer.compile=true"], tmp_path / "c")
+    for (_, a), (_, b) in zip(eager["losses"], compiled["losses"]):
+        assert abs(a - b) < 1e-4 * abs(a), (eager["losses"], compiled["losses"])
 
 
 def test_every_llama_preset_dry_runs(tmp_path, caplog):
