@@ -22,7 +22,7 @@ REPO = SCRIPT.parents[2]
 
 
 @pytest.mark.parametrize("layout", ["rows", "heads"])
-def test_offsets_past_2_31_within_one_sequence(backend, layout):
+def test_offsets_past_2_31_within_one_sequence(route, layout):
     """(S, H, D) views whose element offsets pass 2^31 (a row 2^23 - 64 elements apart from the
     next, or a head-major view with heads 2^30 + 64 apart) give the reference's answer and
     gradient on both routes. In a subprocess: before the fix the interpreter read outside the

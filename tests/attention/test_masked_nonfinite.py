@@ -119,7 +119,7 @@ def test_blocksparse_dropped_block_with_nan_does_not_reach_a_row(route):
     assert out[0, :, 0].isnan().all() and out[0, :64, 1].isnan().all()
 
 
-def test_nan_in_another_packed_sequence_does_not_reach_a_row(backend):
+def test_nan_in_another_packed_sequence_does_not_reach_a_row(route):
     """Packed sequences: a NaN in sequence 1's keys and values leaves sequence 0 as it is alone."""
     from flashtrain.attention import flash_attn_varlen_func
 

@@ -184,7 +184,7 @@ def test_missing_wheel_fails_only_its_section(tmp_path, monkeypatch, cpu_route, 
 
 def test_budget_skips_and_says_so(tmp_path, cpu_route):
     code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "peaks", "long",
-                     "--budget-min", "0.0001"])  # fmt: skip
+                     "--budget-min", "1e-9"])  # fmt: skip
     assert code == 1
     for name, planned in (("peaks", 2), ("long", 2)):
         sec = state(tmp_path)["sections"][name]
