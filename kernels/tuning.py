@@ -51,7 +51,7 @@ def interpreted() -> bool:
 def gpu_capability(device: torch.device) -> tuple[int, int] | None:
     """Compute capability the kernels compile for on `device`; None under the interpreter or off
     CUDA (the small test tile). The one place the tables ask the hardware, so a compile check
-    can stand in a target GPU (tests/attention/kernel_compile.py)."""
+    can stand in a target GPU (flashtrain/lab/kernel_compile.py)."""
     if interpreted() or device.type != "cuda":
         return None
     return torch.cuda.get_device_capability(device)
@@ -244,7 +244,7 @@ def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, spar
 
 # ------------------------------------------------------------------ built-in rules
 # Chosen from what compiles well for sm_90 / sm_80 (Triton 3.9's cubins: shared memory, registers,
-# spills; tests/attention/kernel_compile.py), not yet from GPU timings: the GPU suite's sweep
+# spills; flashtrain/lab/kernel_compile.py), not yet from GPU timings: the GPU suite's sweep
 # measures the alternatives (and TMA) and writes the per-GPU table that replaces these.
 def _forward_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
     capability = gpu_capability(device)
