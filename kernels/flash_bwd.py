@@ -27,7 +27,7 @@ from flashtrain.kernels.dropout import seed_args
 from flashtrain.kernels.flash_bwd_dkdv import flash_backward_dkdv_kernel
 from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
 from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
-from flashtrain.kernels.tma import use_descriptors
+from flashtrain.kernels.tma import reduces_through_descriptors, use_descriptors
 from flashtrain.kernels.tuning import config, launch_fitted
 
 
@@ -110,7 +110,8 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
             *seq_strides(dq_acc, is_varlen), *layout.lse_strides, *q_table_strides,
             max_seqlen_q, max_seqlen_k, layout.heads_kv, *scalars,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=atomic_dq,
-            TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dk4, dv4), **constexprs,
+            TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dk4, dv4),
+            DQ_TMA=atomic_dq and reduces_through_descriptors(cfg, q.device, dq_acc), **constexprs,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 

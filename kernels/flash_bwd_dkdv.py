@@ -25,18 +25,40 @@ from flashtrain.kernels.visit_plan import segment_tiles, table_row, tile_start
 
 
 @triton.jit
+def _add_dq(dq_src, start_m, dq_part_t, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DQ_TMA: tl.constexpr):
+    """dQ rows [start_m, start_m + BLOCK_M) += dq_part_t^T in the float32 accumulator (a
+    rows_source). DQ_TMA: one bulk reduce-add through the descriptor (the copy engine adds
+    the tile; rows past the sequence are dropped), no per-element addresses in registers;
+    else fp32 atomics per element, masked to the rows and head dims that exist."""
+    handle, stride_dqm, seqlen_q = dq_src
+    if DQ_TMA:
+        handle.atomic_add([start_m, 0], tl.trans(dq_part_t))
+    else:
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        dq_ptrs = handle + offs_m[None, :] * stride_dqm + offs_d[:, None]
+        if MASKED:  # the rows and head dims of this query tile that exist
+            dq_mask = (offs_m[None, :] < seqlen_q) & (offs_d[:, None] < HEAD_DIM)
+            tl.atomic_add(dq_ptrs, dq_part_t, mask=dq_mask, sem="relaxed")
+        elif HEAD_DIM == BLOCK_D:
+            tl.atomic_add(dq_ptrs, dq_part_t, sem="relaxed")
+        else:
+            tl.atomic_add(dq_ptrs, dq_part_t, mask=offs_d[:, None] < HEAD_DIM, sem="relaxed")
+
+
+@triton.jit
 def _dkdv_segment(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, offs_n,
                   seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
                   seg: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
                   ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
                   SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr, TMA: tl.constexpr,
-                  ATOMIC_DQ: tl.constexpr):
+                  ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
     """Stream the query tiles of segment `seg` of the visit plan past the held key tile,
-    accumulating dK and dV; with ATOMIC_DQ also dQ += dS K into the fp32 accumulator
-    dq_acc = (base, row stride)."""
+    accumulating dK and dV; with ATOMIC_DQ also dQ += dS K into the fp32 accumulator dq_acc
+    (a rows_source)."""
     pending = pending_scale(scores, SOFTCAP, ALIBI)
-    offs_d = tl.arange(0, BLOCK_D)
     for t in range(segment_tiles(bounds, tables, at, seg, SPARSE, SPARSE_BLOCK, BLOCK_M)):
         start_m = tile_start(bounds, tables, at, seg, t, SPARSE, SPARSE_BLOCK, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -66,16 +88,11 @@ def _dkdv_segment(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, off
             ds_t = ds_t * (1.0 - capped_t * capped_t)
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
         if ATOMIC_DQ:  # 5 matmuls per tile instead of the dQ kernel's recomputation (7 in all)
-            dq_base, stride_dqm = dq_acc
-            dq_part = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=PRECISION)  # (BLOCK_M, BLOCK_D)
-            dq_ptrs = dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :]
-            if MASKED:  # the rows and head dims of this query tile that exist
-                dq_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
-                tl.atomic_add(dq_ptrs, dq_part, mask=dq_mask, sem="relaxed")
-            elif HEAD_DIM == BLOCK_D:
-                tl.atomic_add(dq_ptrs, dq_part, sem="relaxed")
-            else:
-                tl.atomic_add(dq_ptrs, dq_part, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
+            # Transposed, dQ^T = K^T dS^T: the held K tile is the A operand (from shared memory)
+            # with BLOCK_D >= 64 rows, so the product runs on wgmma whatever the query tile's
+            # height (dS K would have BLOCK_M rows: mma.sync below 64, and K in registers).
+            dq_part_t = tl.dot(tl.trans(k), ds_t.to(k.dtype), input_precision=PRECISION)  # (BLOCK_D, BLOCK_M)
+            _add_dq(dq_acc, start_m, dq_part_t, MASKED, HEAD_DIM, BLOCK_M, BLOCK_D, DQ_TMA)
     return dk, dv
 
 
@@ -85,14 +102,14 @@ def _dkdv_query_loop(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, 
                      SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                      PRECISION: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
-                     TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                     TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
     """Run the key tile's visit plan for one query head (flashtrain.kernels.visit_plan)."""
-    for seg in tl.static_range(3 - SPARSE):
+    for seg in tl.static_range(2):
         dk, dv = _dkdv_segment(
             dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, offs_n,
             seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
-            seg, (seg == 0) if SPARSE else (seg != 1), SOFTCAP, ALIBI, HAS_DROPOUT,
-            HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, SPARSE, SPARSE_BLOCK, TMA, ATOMIC_DQ)
+            seg, seg == 0, SOFTCAP, ALIBI, HAS_DROPOUT,
+            HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, SPARSE, SPARSE_BLOCK, TMA, ATOMIC_DQ, DQ_TMA)
     return dk, dv
 
 
@@ -111,6 +128,7 @@ def flash_backward_dkdv_kernel(
     IS_VARLEN: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     SEED_IN_MEMORY: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
+    DQ_TMA: tl.constexpr,
 ):
     pid_n, b, h_kv, q_start, seqlen_q, k_start, seqlen_k = locate_program(
         CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_kv, IS_VARLEN, False)
@@ -143,7 +161,8 @@ def flash_backward_dkdv_kernel(
                              stride_dom, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
         lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
         delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
-        dq_acc = (DQ_ACC + b64 * stride_dqab + q_row0 * stride_dqam + h * stride_dqah, stride_dqam)
+        dq_acc = rows_source(DQ_ACC + b64 * stride_dqab + q_row0 * stride_dqam + h * stride_dqah,
+                             stride_dqam, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, DQ_TMA)
         scores = program_scores(scale_log2, softcap_scale, softcap_log2, ALIBI_SLOPES, b, h,
                                 stride_ab, stride_ah, ALIBI)
         dropout = (head_seed(SEED, seed, b, h, heads_q, SEED_IN_MEMORY), dropout_p)
@@ -152,7 +171,7 @@ def flash_backward_dkdv_kernel(
             dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, offs_n,
             seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
             SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION,
-            SPARSE, SPARSE_BLOCK, TMA, ATOMIC_DQ)
+            SPARSE, SPARSE_BLOCK, TMA, ATOMIC_DQ, DQ_TMA)
     dk_src = rows_source(DK + b64 * stride_dkb + k_row0 * stride_dkn + h_kv * stride_dkh,
                          stride_dkn, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     dv_src = rows_source(DV + b64 * stride_dvb + k_row0 * stride_dvn + h_kv * stride_dvh,

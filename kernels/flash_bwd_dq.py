@@ -62,10 +62,10 @@ def _dq_key_loop(dq, q, do, lse, delta, k_src, v_src, offs_m, seqlen_k, band, sc
                  PRECISION: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
                  TMA: tl.constexpr):
     """Run the query tile's visit plan (flashtrain.kernels.visit_plan)."""
-    for seg in tl.static_range(3 - SPARSE):
+    for seg in tl.static_range(2):
         dq = _dq_segment(
             dq, q, do, lse, delta, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
-            bounds, tables, at, seg, (seg == 0) if SPARSE else (seg != 1),
+            bounds, tables, at, seg, seg == 0,
             SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
             SPARSE, SPARSE_BLOCK, TMA)
     return dq

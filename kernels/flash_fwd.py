@@ -80,10 +80,10 @@ def _forward_key_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, sc
     """Run the query tile's visit plan; also returns the number of key tiles streamed when
     COUNT_VISITS."""
     tiles = 0
-    for seg in tl.static_range(3 - SPARSE):
+    for seg in tl.static_range(2):
         acc, l_i, m_i = _forward_segment(
             acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
-            bounds, tables, at, seg, (seg == 0) if SPARSE else (seg != 1),
+            bounds, tables, at, seg, seg == 0,
             SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
             SPARSE, SPARSE_BLOCK, TMA)
         if COUNT_VISITS:

@@ -10,8 +10,8 @@ Three kinds, each with its own config:
                                (deterministic=True only)
 A config comes from, in order: a sweep's override (`overridden`), the GPU's measured table
 (kernels/tuning_tables/<gpu-slug>.json, written by scripts/gpu_suite.py), the built-in rules
-below (pointer loads until a GPU's table says descriptors are faster; FLASHTRAIN_TMA=1 or 0
-decides for every launch); then it is shrunk until its shared memory fits the GPU
+below (on Hopper descriptor loads for fp16/bf16, chosen from the compiler's output until a GPU's
+table says otherwise; FLASHTRAIN_TMA=1 or 0 decides for every launch); then it is shrunk until its shared memory fits the GPU
 (`fit_shared_memory`), and a launch that still runs out of resources steps down and remembers
 the step (`launch_fitted`).
 Under TRITON_INTERPRET=1 one small configuration per kind keeps CPU tests fast while still
@@ -247,15 +247,17 @@ def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, spar
 # spills; flashtrain/lab/kernel_compile.py), not yet from GPU timings: the GPU suite's sweep
 # measures the alternatives (and TMA) and writes the per-GPU table that replaces these.
 def _forward_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
+    """Hopper, fp16/bf16: 128 x 128 tiles, descriptor loads, 3 stages (at d128 230,400 bytes of
+    shared memory, no spill: docs/kernel_compile.md)."""
     capability = gpu_capability(device)
     if capability is None:
         return TileConfig(32, 16, block_d, 4, 1)
     wide = dtype == torch.float32  # fp32 tiles take twice the registers and shared memory
     if capability[0] >= 9:  # Hopper: 227 KiB of shared memory, 128 x 128 tiles
         if block_d <= 64:
-            return TileConfig(128, 64 if wide else 128, block_d, 8, 3)
+            return TileConfig(128, 64 if wide else 128, block_d, 8, 3, tma=not wide)
         if block_d <= 128:
-            return TileConfig(128, 32 if wide else 128, block_d, 8, 2)
+            return TileConfig(128, 32 if wide else 128, block_d, 8, 2 if wide else 3, tma=not wide)
         return TileConfig(64, 32 if wide else 64, block_d, 8, 2)
     # Ampere / Ada: 2 stages (fit_shared_memory trims the consumer parts' 99 KiB further)
     if block_d <= 64:
@@ -266,22 +268,28 @@ def _forward_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> Til
 
 
 def _dkdv_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
-    """32 streamed query rows: the fewest spills of the atomic-dQ pass at d <= 128 (64 x 128
-    spills twice as much on sm_90)."""
-    if gpu_capability(device) is None:
+    """128 held key rows, 32 streamed query rows: every product has 128 rows (the atomic-dQ one
+    transposed), so all run on wgmma, and with descriptor loads (and the atomic dQ as a bulk
+    reduce-add) no spill at d <= 128 on sm_90; 64-row query tiles spill (docs/kernel_compile.md)."""
+    capability = gpu_capability(device)
+    if capability is None:
         return TileConfig(16, 32, block_d, 4, 1)
     wide = dtype == torch.float32
+    hopper = capability[0] >= 9
     if block_d <= 128:
-        return TileConfig(32, 64 if wide else 128, block_d, 8, 2)
+        return TileConfig(32, 64 if wide else 128, block_d, 8, 2, tma=hopper and not wide)
     return TileConfig(32, 32 if wide else 64, block_d, 8, 1)
 
 
 def _dq_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
-    if gpu_capability(device) is None:
+    capability = gpu_capability(device)
+    if capability is None:
         return TileConfig(32, 16, block_d, 4, 1)
     wide = dtype == torch.float32
+    hopper = capability[0] >= 9
     if block_d <= 128:
-        return TileConfig(64 if wide else 128, 32 if wide else 64, block_d, 8, 2)
+        return TileConfig(64 if wide else 128, 32 if wide else 64, block_d, 8, 2,
+                          tma=hopper and not wide)  # fmt: skip
     return TileConfig(64, 32, block_d, 8, 1)
 
 

@@ -13,7 +13,7 @@ line per kernel compiled:
 
 --launches defaults (the default): the production launches, bf16 and fp16 x head_dim 64 and 128
 x causal or not x dense or block-sparse x both backward modes (deterministic two-kernel dQ and
-atomic dQ), with the built-in tiles of kernels/tuning.py; features: every feature flag at least
+atomic dQ), with the built-in tiles of kernels/tuning.py, then 4 grouped-query ones; features: every feature flag at least
 once (varlen, softcap, ALiBi, dropout, fp32, descriptors forced). --only keeps the launches whose
 tag contains TEXT. --front-end-only stops after Triton's first IR (~0.5 s a kernel: the checks
 above); otherwise the whole pipeline runs to a cubin (LLVM and ptxas, seconds a kernel) and each
@@ -22,7 +22,8 @@ line carries the compile facts:
     loads ("tma": the PTX holds tensor-descriptor bulk copies, else "pointer"),
     wgmma / mma_sync (SASS HGMMA / HMMA instructions: Hopper's warpgroup products vs the older
     per-warp ones), main_loop (SASS instructions of the steady-state loop: the shortest
-    innermost loop that holds tensor-core instructions, i.e. the unmasked visit-plan segment).
+    innermost loop that holds tensor-core instructions, i.e. the unmasked visit-plan segment),
+    loop_spills (local-memory loads and stores, SASS LDL / STL, inside that loop).
 A kernel compiled before in the same run (same binary) is reported once. --markdown writes the
 facts as a table. Compile-time facts, not a measurement: nothing here ran on a GPU. Run it
 without TRITON_INTERPRET set.
@@ -52,7 +53,7 @@ from flashtrain.kernels.flash_bwd import flash_backward
 from flashtrain.kernels.flash_fwd import flash_forward
 
 FACT_COLUMNS = ("registers", "spill", "shared", "warps", "stages", "loads", "wgmma", "mma_sync",
-                "main_loop")  # fmt: skip
+                "main_loop", "loop_spills")  # fmt: skip
 
 
 class _FrontEndDone(Exception):
@@ -150,10 +151,12 @@ def sass_facts(sass: str) -> dict:
         if not any((a, b) != (lo, hi) and lo <= a and b <= hi for a, b in loops)
     ]  # fmt: skip
     tensor_core = [
-        hi - lo + 1 for lo, hi in innermost
+        (hi - lo + 1, sum(op.startswith(("LDL", "STL")) for _, op, _ in insts[lo : hi + 1]))
+        for lo, hi in innermost
         if any(op.startswith(("HGMMA", "HMMA")) for _, op, _ in insts[lo : hi + 1])
     ]  # fmt: skip
-    return dict(wgmma=wgmma, mma_sync=mma_sync, main_loop=min(tensor_core, default=0))
+    main_loop, loop_spills = min(tensor_core, default=(0, 0))
+    return dict(wgmma=wgmma, mma_sync=mma_sync, main_loop=main_loop, loop_spills=loop_spills)
 
 
 def kernel_facts(kernel) -> dict:
@@ -172,11 +175,13 @@ def kernel_facts(kernel) -> dict:
 
 # ------------------------------------------------------------------ launches
 def attention(*, head_dim, dtype, causal=True, varlen=False, sparse=False, dropout_p=0.0, seed=5,
-              softcap=0.0, alibi=False, deterministic=True, tma=None):  # fmt: skip
+              softcap=0.0, alibi=False, deterministic=True, tma=None, gqa=False):  # fmt: skip
     """One forward and one backward launch (real shapes are irrelevant: nothing runs);
     deterministic=False: the atomic-dQ backward; tma True/False forces descriptor / pointer
-    loads, None leaves the choice to the tile config."""
-    batch, seqlen, heads_q, heads_kv = 2, 256, 4, 2
+    loads, None leaves the choice to the tile config; gqa: two query heads per kv head (the
+    dK/dV kernel then loops over the group), else one."""
+    batch, seqlen, heads_q = 2, 256, 4
+    heads_kv = heads_q // 2 if gqa else heads_q
     if varlen:
         q = torch.empty(batch * seqlen, heads_q, head_dim, dtype=dtype)
         k = torch.empty(batch * seqlen, heads_kv, head_dim, dtype=dtype)
@@ -220,7 +225,8 @@ class _nothing:
 
 def default_launches():
     """(tag, launch) of every production launch: dtype x head_dim x causal x dense/sparse x
-    backward mode, built-in tiles and load path."""
+    backward mode (one query head per kv head), built-in tiles and load path; then grouped-query
+    attention (two query heads per kv head) at bf16, causal, dense."""
     for dtype in (torch.bfloat16, torch.float16):
         for head_dim in (64, 128):
             for causal in (True, False):
@@ -236,6 +242,11 @@ def default_launches():
                         yield tag, (lambda d=dtype, h=head_dim, c=causal, s=sparse, m=deterministic:
                                     attention(head_dim=h, dtype=d, causal=c, sparse=s,
                                               deterministic=m))  # fmt: skip
+    for head_dim in (64, 128):  # grouped-query attention: dK/dV loops over the group
+        for deterministic in (True, False):
+            tag = f"bf16 d{head_dim} causal dense gqa {'deterministic' if deterministic else 'atomic-dQ'}"
+            yield tag, (lambda h=head_dim, m=deterministic: attention(
+                head_dim=h, dtype=torch.bfloat16, deterministic=m, gqa=True))  # fmt: skip
 
 
 def feature_launches():
@@ -310,7 +321,8 @@ def markdown_report(lines: list[dict], arch: int, launch_set: str) -> str:
         "registers per thread, spill (stack) bytes, shared memory bytes per block, warps, "
         "pipeline stages, loads (`tma`: tensor-descriptor bulk copies in the PTX; `pointer`), "
         "wgmma / mma_sync (SASS HGMMA / HMMA instructions), main_loop (SASS instructions of "
-        "the shortest innermost loop with tensor-core work: the unmasked steady state). A "
+        "the shortest innermost loop with tensor-core work: the unmasked steady state), "
+        "loop_spills (SASS LDL / STL in that loop: the spills that cost on every tile). A "
         "binary met before in the run is not repeated (causal and full launches share the "
         "backward kernels, and the forward does not depend on the backward mode).",
         "",
