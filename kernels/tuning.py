@@ -10,8 +10,8 @@ Three kinds, each with its own config:
                                (deterministic=True only)
 A config comes from, in order: a sweep's override (`overridden`), the GPU's measured table
 (kernels/tuning_tables/<gpu-slug>.json, written by scripts/gpu_suite.py), the built-in rules
-below (on Hopper descriptor loads for fp16/bf16, chosen from the compiler's output until a GPU's
-table says otherwise; FLASHTRAIN_TMA=1 or 0 decides for every launch); then it is shrunk until its shared memory fits the GPU
+below (chosen from what Triton's compiler makes of them for sm_90, docs/kernel_compile.md, until a
+GPU's table says otherwise; FLASHTRAIN_TMA=1 or 0 decides the load path for every launch); then it is shrunk until its shared memory fits the GPU
 (`fit_shared_memory`), and a launch that still runs out of resources steps down and remembers
 the step (`launch_fitted`).
 Under TRITON_INTERPRET=1 one small configuration per kind keeps CPU tests fast while still
@@ -269,15 +269,18 @@ def _forward_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> Til
 
 def _dkdv_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
     """128 held key rows, 32 streamed query rows: every product has 128 rows (the atomic-dQ one
-    transposed), so all run on wgmma, and with descriptor loads (and the atomic dQ as a bulk
-    reduce-add) no spill at d <= 128 on sm_90; 64-row query tiles spill (docs/kernel_compile.md)."""
+    transposed), so all run on wgmma, without spills at d <= 128 on sm_90 in both backward
+    modes; 64-row query tiles spill. Descriptor loads (and the atomic dQ as a bulk reduce-add)
+    at d64; pointer loads at d128, where Triton 3.6 spills with descriptors in the atomic-dQ
+    pass (docs/kernel_compile.md)."""
     capability = gpu_capability(device)
     if capability is None:
         return TileConfig(16, 32, block_d, 4, 1)
     wide = dtype == torch.float32
     hopper = capability[0] >= 9
     if block_d <= 128:
-        return TileConfig(32, 64 if wide else 128, block_d, 8, 2, tma=hopper and not wide)
+        return TileConfig(32, 64 if wide else 128, block_d, 8, 2,
+                          tma=hopper and not wide and block_d <= 64)  # fmt: skip
     return TileConfig(32, 32 if wide else 64, block_d, 8, 1)
 
 
