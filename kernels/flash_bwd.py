@@ -19,7 +19,6 @@ from flashtrain.kernels.common import (
     heavy_first,
     load_rows,
     locate_program,
-    rows_source,
     seq_strides,
     tile_grid,
 )
@@ -27,6 +26,7 @@ from flashtrain.kernels.dropout import seed_args
 from flashtrain.kernels.flash_bwd_dkdv import flash_backward_dkdv_kernel
 from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
 from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
+from flashtrain.kernels.program import head_rows
 from flashtrain.kernels.tma import reduces_through_descriptors, use_descriptors
 from flashtrain.kernels.tuning import config, launch_fitted
 
@@ -44,17 +44,15 @@ def flash_backward_preprocess(
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
-    b64 = b.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    row0 = q_start.to(tl.int64)
-    o_src = rows_source(O + b64 * stride_ob + row0 * stride_om + h * stride_oh, stride_om,
-                        seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, False)
-    do_src = rows_source(DO + b64 * stride_dob + row0 * stride_dom + h * stride_doh, stride_dom,
-                         seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, False)
+    o_src = head_rows(O, (stride_ob, stride_om, stride_oh), b, q_start, h, seqlen_q,
+                      HEAD_DIM, BLOCK_M, BLOCK_D, False)
+    do_src = head_rows(DO, (stride_dob, stride_dom, stride_doh), b, q_start, h, seqlen_q,
+                       HEAD_DIM, BLOCK_M, BLOCK_D, False)
     o = load_rows(o_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, False)
     do = load_rows(do_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(DELTA + b64 * stride_lb + h * stride_lh + q_start + offs_m, delta,
+    tl.store(DELTA + b.to(tl.int64) * stride_lb + h * stride_lh + q_start + offs_m, delta,
              mask=offs_m < seqlen_q)
 
 

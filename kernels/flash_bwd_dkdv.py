@@ -12,15 +12,10 @@ import triton
 import triton.language as tl
 
 from flashtrain.kernels.band import allowed, query_block_range
-from flashtrain.kernels.common import (
-    load_row_stats,
-    load_rows,
-    locate_program,
-    rows_source,
-    store_rows,
-)
-from flashtrain.kernels.dropout import dropout_keep, head_seed
-from flashtrain.kernels.scores import pending_scale, program_scores, tile_scores
+from flashtrain.kernels.common import load_row_stats, load_rows, store_rows
+from flashtrain.kernels.dropout import dropout_keep
+from flashtrain.kernels.program import head_features, head_rows, program_prologue
+from flashtrain.kernels.scores import pending_scale, tile_scores
 from flashtrain.kernels.visit_plan import segment_tiles, table_row, tile_start
 
 
@@ -130,24 +125,21 @@ def flash_backward_dkdv_kernel(
     SEED_IN_MEMORY: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
     DQ_TMA: tl.constexpr,
 ):
-    pid_n, b, h_kv, q_start, seqlen_q, k_start, seqlen_k = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_kv, IS_VARLEN, False)
+    pid_n, b, h_kv, q_start, seqlen_q, k_start, seqlen_k, band = program_prologue(
+        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_kv,
+        window_left, window_right, IS_VARLEN, False)
     n0 = pid_n * BLOCK_N
     if n0 >= seqlen_k:
         return
-    band = (seqlen_k - seqlen_q, window_left, window_right)
-    b64 = b.to(tl.int64)
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    k_row0 = k_start.to(tl.int64)
-    k_src = rows_source(K + b64 * stride_kb + k_row0 * stride_kn + h_kv * stride_kh, stride_kn,
-                        seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
-    v_src = rows_source(V + b64 * stride_vb + k_row0 * stride_vn + h_kv * stride_vh, stride_vn,
-                        seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    k_src = head_rows(K, (stride_kb, stride_kn, stride_kh), b, k_start, h_kv, seqlen_k,
+                      HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    v_src = head_rows(V, (stride_vb, stride_vn, stride_vh), b, k_start, h_kv, seqlen_k,
+                      HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     k = load_rows(k_src, n0, True, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
     v = load_rows(v_src, n0, True, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    q_row0 = q_start.to(tl.int64)
     heads_q = heads_kv * GROUP
     # Dense: the band's query range; sparse: the query blocks of the key tile's layout block.
     bounds = query_block_range(n0, seqlen_q, seqlen_k, band, BLOCK_M, BLOCK_N)
@@ -155,26 +147,25 @@ def flash_backward_dkdv_kernel(
     table_strides = (stride_count_h, stride_index_h, stride_index_row)
     for g in range(GROUP):  # every query head that reads this kv head, in a fixed order
         h = h_kv * GROUP + g
-        q_src = rows_source(Q + b64 * stride_qb + q_row0 * stride_qm + h * stride_qh, stride_qm,
-                            seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-        do_src = rows_source(DO + b64 * stride_dob + q_row0 * stride_dom + h * stride_doh,
-                             stride_dom, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-        lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
-        delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
-        dq_acc = rows_source(DQ_ACC + b64 * stride_dqab + q_row0 * stride_dqam + h * stride_dqah,
-                             stride_dqam, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, DQ_TMA)
-        scores = program_scores(scale_log2, softcap_scale, softcap_log2, ALIBI_SLOPES, b, h,
-                                stride_ab, stride_ah, ALIBI)
-        dropout = (head_seed(SEED, seed, b, h, heads_q, SEED_IN_MEMORY), dropout_p)
+        q_src = head_rows(Q, (stride_qb, stride_qm, stride_qh), b, q_start, h, seqlen_q,
+                          HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+        do_src = head_rows(DO, (stride_dob, stride_dom, stride_doh), b, q_start, h, seqlen_q,
+                           HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+        stats_at = b.to(tl.int64) * stride_lb + h * stride_lh + q_start
+        dq_acc = head_rows(DQ_ACC, (stride_dqab, stride_dqam, stride_dqah), b, q_start, h,
+                           seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, DQ_TMA)
+        scores, dropout = head_features(ALIBI_SLOPES, SEED, seed, b, h, heads_q, scale_log2,
+                                        softcap_scale, softcap_log2, stride_ab, stride_ah,
+                                        dropout_p, ALIBI, SEED_IN_MEMORY)
         at = table_row(h, n0 // SPARSE_BLOCK, table_strides)
         dk, dv = _dkdv_query_loop(
-            dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, offs_n,
+            dk, dv, k, v, q_src, do_src, LSE + stats_at, DELTA + stats_at, dq_acc, offs_n,
             seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
             SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION,
             SPARSE, SPARSE_BLOCK, TMA, ATOMIC_DQ, DQ_TMA)
-    dk_src = rows_source(DK + b64 * stride_dkb + k_row0 * stride_dkn + h_kv * stride_dkh,
-                         stride_dkn, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
-    dv_src = rows_source(DV + b64 * stride_dvb + k_row0 * stride_dvn + h_kv * stride_dvh,
-                         stride_dvn, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    dk_src = head_rows(DK, (stride_dkb, stride_dkn, stride_dkh), b, k_start, h_kv, seqlen_k,
+                       HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    dv_src = head_rows(DV, (stride_dvb, stride_dvn, stride_dvh), b, k_start, h_kv, seqlen_k,
+                       HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     store_rows(dk_src, n0, dk * softmax_scale, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     store_rows(dv_src, n0, dv, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)

@@ -2,7 +2,8 @@
 
 A table rather than autotuning: launches are deterministic (the backward's bitwise repeatability
 must not depend on which config a benchmark run happened to pick) and there is no warm-up cost.
-Three kinds, each with its own config:
+Three attention kinds, each with its own config (and, at the end, the LM-head cross-entropy
+kernels' tiles, `xent_tiles`):
     fwd   the forward:         block_m query rows held, block_n key rows streamed
     dkdv  the dK/dV backward:  block_n key rows held, block_m query rows streamed (also the
                                atomic-dQ pass of deterministic=False)
@@ -297,3 +298,58 @@ def _dq_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConf
 
 
 _BUILTIN = {"fwd": _forward_rule, "dkdv": _dkdv_rule, "dq": _dq_rule}
+
+
+# ------------------------------------------------------------------ LM-head cross-entropy tiles
+@dataclass(frozen=True)
+class XentTiles:
+    """Tiles of one kernel of flashtrain.kernels.linear_cross_entropy."""
+
+    block_m: int  # token rows per tile
+    block_v: int  # vocabulary rows per tile
+    block_k: int  # hidden-dim chunk of the logits product
+    block_c: int  # hidden-dim chunk of the gradient products (backward)
+    num_warps: int
+    num_stages: int
+
+
+# Tiles per kernel and GPU family, chosen by reasoning and checked offline, not yet timed
+# (scripts/bench_loss.py on an H100 is the check). Each configuration below compiles for its
+# target without register spills (triton 3.9, sm_90a / sm_80, cuobjdump resource usage) and, on
+# Hopper, with both products as wgmma. The forward is a tiled GEMM with a cheap epilogue. The
+# backward kernels hold a z tile and its gradient plus a BLOCK x BLOCK_C fp32 product chunk in
+# registers; their fp32 read-modify-write of the owned rows costs 8 * BLOCK_C bytes per
+# 4 * BLOCK_streamed * BLOCK_C flops, hence a wide streamed tile (256 vocabulary rows per dH
+# step, 128 tokens per dW step) and a narrow owned one.
+_X = XentTiles
+XENT_TILES = {
+    "hopper": {  # 16-bit inputs, sm_90
+        "forward": _X(block_m=128, block_v=128, block_k=64, block_c=64, num_warps=8, num_stages=3),
+        "grad_hidden": _X(block_m=64, block_v=256, block_k=64, block_c=32, num_warps=8, num_stages=3),
+        "grad_weight": _X(block_m=128, block_v=64, block_k=64, block_c=64, num_warps=8, num_stages=3),
+    },
+    "ampere": {  # 16-bit inputs before Hopper: no wgmma, mma.sync needs more registers
+        "forward": _X(block_m=64, block_v=128, block_k=64, block_c=64, num_warps=8, num_stages=2),
+        "grad_hidden": _X(block_m=64, block_v=128, block_k=64, block_c=32, num_warps=8, num_stages=2),
+        "grad_weight": _X(block_m=64, block_v=64, block_k=64, block_c=64, num_warps=8, num_stages=2),
+    },
+    "fp32": {  # exact fp32 products (no tensor cores), any GPU
+        "forward": _X(block_m=64, block_v=128, block_k=32, block_c=32, num_warps=8, num_stages=2),
+        "grad_hidden": _X(block_m=64, block_v=128, block_k=32, block_c=32, num_warps=8, num_stages=2),
+        "grad_weight": _X(block_m=64, block_v=64, block_k=32, block_c=32, num_warps=8, num_stages=2),
+    },
+}
+# Small tiles under TRITON_INTERPRET=1 (and off CUDA): tests cover several tiles per split,
+# several splits and masked tails at shapes the interpreter runs in seconds.
+XENT_INTERPRETER_TILES = _X(block_m=16, block_v=32, block_k=16, block_c=16, num_warps=4,
+                            num_stages=1)  # fmt: skip
+
+
+def xent_tiles(kernel: str, dtype: torch.dtype, device: torch.device) -> XentTiles:
+    """kernel: forward | grad_hidden | grad_weight; dtype: the products' input dtype."""
+    capability = gpu_capability(device)
+    if capability is None:
+        return XENT_INTERPRETER_TILES
+    if dtype == torch.float32:
+        return XENT_TILES["fp32"][kernel]
+    return XENT_TILES["hopper" if capability[0] >= 9 else "ampere"][kernel]

@@ -28,8 +28,8 @@ CHILD = """
 import json, sys
 sys.path.insert(0, {scripts!r})
 import bench_loss
-from flashtrain.kernels import linear_cross_entropy as kernels
-kernels.INTERPRETER_TILES = kernels.XentTiles(128, 1024, 16, 16, 4, 1)
+from flashtrain.kernels import tuning
+tuning.XENT_INTERPRETER_TILES = tuning.XentTiles(128, 1024, 16, 16, 4, 1)
 print(json.dumps(bench_loss.measure_point({method!r}, {tokens}, {hidden}, {vocab}, {chunk}, 1)))
 """
 MiB = 2**20
