@@ -28,7 +28,7 @@ from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
 from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
 from flashtrain.kernels.program import head_rows
 from flashtrain.kernels.tma import reduces_through_descriptors, use_descriptors
-from flashtrain.kernels.tuning import config, launch_fitted
+from flashtrain.kernels.tuning import config, launch_fitted, split_group
 
 
 @triton.jit
@@ -99,21 +99,38 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
     # (B, S, Hq, D) float32, zeroed: rows no key reaches keep dQ = 0
     dq_acc = torch.zeros(dq4.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq4
 
+    # Grouped-query dK/dV per query head into float32 partials (B, Sk, Hq, D), summed per group
+    # below, where the group loop would spill (tuning.split_group).
+    split = layout.heads_q != layout.heads_kv and split_group(block_d, q.device)
+    if split:
+        dk_out = torch.empty((*dk4.shape[:2], layout.heads_q, dk4.shape[3]), dtype=torch.float32,
+                             device=q.device)  # fmt: skip
+        dv_out = torch.empty_like(dk_out)
+    else:
+        dk_out, dv_out = dk4, dv4
+
     def launch_dkdv(cfg):
-        grid = (triton.cdiv(max_seqlen_k, cfg.block_n), layout.batch * layout.heads_kv)
+        heads = layout.heads_q if split else layout.heads_kv
+        grid = (triton.cdiv(max_seqlen_k, cfg.block_n), layout.batch * heads)
         flash_backward_dkdv_kernel[grid](
-            q4, k4, v4, do4, lse, delta, dk4, dv4, dq_acc, cu_q, cu_k, slopes, seed_ptr, *q_tables,
+            q4, k4, v4, do4, lse, delta, dk_out, dv_out, dq_acc, cu_q, cu_k, slopes, seed_ptr,
+            *q_tables,
             *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
-            *seq_strides(do4, is_varlen), *seq_strides(dk4, is_varlen), *seq_strides(dv4, is_varlen),
+            *seq_strides(do4, is_varlen), *seq_strides(dk_out, is_varlen),
+            *seq_strides(dv_out, is_varlen),
             *seq_strides(dq_acc, is_varlen), *layout.lse_strides, *q_table_strides,
             max_seqlen_q, max_seqlen_k, layout.heads_kv, *scalars,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=atomic_dq,
-            TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dk4, dv4),
-            DQ_TMA=atomic_dq and reduces_through_descriptors(cfg, q.device, dq_acc), **constexprs,
+            TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dk_out, dv_out),
+            DQ_TMA=atomic_dq and reduces_through_descriptors(cfg, q.device, dq_acc),
+            SPLIT_GROUP=split, **constexprs,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
     launch_fitted("dkdv", dkdv_cfg, launch_dkdv)
+    if split:  # the group's shares in a fixed order: deterministic
+        dk4.copy_(dk_out.unflatten(2, (layout.heads_kv, -1)).sum(3))
+        dv4.copy_(dv_out.unflatten(2, (layout.heads_kv, -1)).sum(3))
     if atomic_dq:  # the conversion: dQ = softmax_scale * (dS K), in dq's dtype
         dq4.copy_(dq_acc.mul_(softmax_scale))
         return

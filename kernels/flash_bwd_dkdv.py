@@ -1,5 +1,6 @@
 """Backward, dK and dV: a key tile (and its V rows) stays on chip while the query tiles that see
-it stream past, for every query head that shares the kv head (GQA without atomics on dK/dV).
+it stream past, for every query head that shares the kv head (GQA without atomics on dK/dV), or
+with SPLIT_GROUP for one query head, whose share of dK/dV the launcher sums over the group.
 With ATOMIC_DQ (flash_backward(deterministic=False)) the same pass also adds dS K into a float32
 dQ accumulator with atomics, as FlashAttention-2/3 do: no separate dQ kernel recomputing P.
 
@@ -123,11 +124,17 @@ def flash_backward_dkdv_kernel(
     IS_VARLEN: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     SEED_IN_MEMORY: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
-    DQ_TMA: tl.constexpr,
+    DQ_TMA: tl.constexpr, SPLIT_GROUP: tl.constexpr,
 ):
-    pid_n, b, h_kv, q_start, seqlen_q, k_start, seqlen_k, band = program_prologue(
-        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_kv,
+    # SPLIT_GROUP: one program per query head, writing that head's share of dK/dV (DK and DV
+    # then have heads_q heads; the launcher sums each group). Else one program per kv head,
+    # looping over the group's query heads.
+    HEADS: tl.constexpr = 1 if SPLIT_GROUP else GROUP
+    pid_n, b, head, q_start, seqlen_q, k_start, seqlen_k, band = program_prologue(
+        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_kv * (GROUP // HEADS),
         window_left, window_right, IS_VARLEN, False)
+    h_kv = head // (GROUP // HEADS)  # the kv head this program reads
+    first_h = head * HEADS  # its first query head
     n0 = pid_n * BLOCK_N
     if n0 >= seqlen_k:
         return
@@ -145,8 +152,8 @@ def flash_backward_dkdv_kernel(
     bounds = query_block_range(n0, seqlen_q, seqlen_k, band, BLOCK_M, BLOCK_N)
     tables = (Q_PARTIAL_COUNT, Q_PARTIAL_INDEX, Q_FULL_COUNT, Q_FULL_INDEX)
     table_strides = (stride_count_h, stride_index_h, stride_index_row)
-    for g in range(GROUP):  # every query head that reads this kv head, in a fixed order
-        h = h_kv * GROUP + g
+    for g in range(HEADS):  # the query heads this program serves, in a fixed order
+        h = first_h + g
         q_src = head_rows(Q, (stride_qb, stride_qm, stride_qh), b, q_start, h, seqlen_q,
                           HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
         do_src = head_rows(DO, (stride_dob, stride_dom, stride_doh), b, q_start, h, seqlen_q,
@@ -163,9 +170,9 @@ def flash_backward_dkdv_kernel(
             seqlen_q, seqlen_k, band, scores, dropout, bounds, tables, at,
             SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION,
             SPARSE, SPARSE_BLOCK, TMA, ATOMIC_DQ, DQ_TMA)
-    dk_src = head_rows(DK, (stride_dkb, stride_dkn, stride_dkh), b, k_start, h_kv, seqlen_k,
+    dk_src = head_rows(DK, (stride_dkb, stride_dkn, stride_dkh), b, k_start, head, seqlen_k,
                        HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
-    dv_src = head_rows(DV, (stride_dvb, stride_dvn, stride_dvh), b, k_start, h_kv, seqlen_k,
+    dv_src = head_rows(DV, (stride_dvb, stride_dvn, stride_dvh), b, k_start, head, seqlen_k,
                        HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     store_rows(dk_src, n0, dk * softmax_scale, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     store_rows(dv_src, n0, dv, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)

@@ -243,6 +243,30 @@ def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, spar
     return config("fwd", head_dim, dtype, device, sparse_block)
 
 
+_FORCED_SPLIT: list[bool] = []  # innermost `forced_group_split` value last
+
+
+def split_group(block_d: int, device: torch.device) -> bool:
+    """Whether grouped-query dK/dV runs one program per query head into float32 partials summed
+    per group (extra memory: 2 x 4 x B x Sk x Hq x D bytes) rather than one program per kv head
+    looping over its group, whose dK and dV stay live across the loop and spill on sm_90 at
+    d128 (docs/kernel_compile.md): on a GPU at block_d > 64."""
+    if _FORCED_SPLIT:
+        return _FORCED_SPLIT[-1]
+    return gpu_capability(device) is not None and block_d > 64
+
+
+@contextlib.contextmanager
+def forced_group_split(enabled: bool):
+    """Grouped-query backward launches inside the block split the group (True) or loop over it
+    (False), whatever split_group says; tests run both on CPU this way."""
+    _FORCED_SPLIT.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _FORCED_SPLIT.pop()
+
+
 # ------------------------------------------------------------------ built-in rules
 # Chosen from what compiles well for sm_90 / sm_80 (Triton 3.9's cubins: shared memory, registers,
 # spills; flashtrain/lab/kernel_compile.py), not yet from GPU timings: the GPU suite's sweep

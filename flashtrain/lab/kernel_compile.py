@@ -250,27 +250,31 @@ def default_launches():
 
 
 def feature_launches():
-    """(tag, launch): every feature flag at least once, and descriptors forced on and off."""
-    yield "dense fp16 d128", lambda: attention(head_dim=128, dtype=torch.float16)
-    yield "dense bf16 d64 full", lambda: attention(head_dim=64, dtype=torch.bfloat16, causal=False)
-    yield "sparse bf16 d64 pointer", lambda: attention(
+    """(tag, launch): every feature flag at least once, and descriptors forced on and off; two
+    query heads per kv head (at d > 64 the dK/dV kernel splits the group on a GPU)."""
+    yield "dense fp16 d128", lambda: attention(gqa=True, head_dim=128, dtype=torch.float16)
+    yield (
+        "dense bf16 d64 full",
+        lambda: attention(gqa=True, head_dim=64, dtype=torch.bfloat16, causal=False),
+    )
+    yield "sparse bf16 d64 pointer", lambda: attention(gqa=True,
         head_dim=64, dtype=torch.bfloat16, sparse=True, tma=False)  # fmt: skip
-    yield "dense bf16 d128 atomic dQ pointer", lambda: attention(
+    yield "dense bf16 d128 atomic dQ pointer", lambda: attention(gqa=True,
         head_dim=128, dtype=torch.bfloat16, deterministic=False, tma=False)  # fmt: skip
-    yield "sparse bf16 d64 atomic dQ", lambda: attention(
+    yield "sparse bf16 d64 atomic dQ", lambda: attention(gqa=True,
         head_dim=64, dtype=torch.bfloat16, sparse=True, deterministic=False)  # fmt: skip
-    yield "varlen fp16 d72 softcap alibi dropout tensor-seed", lambda: attention(
+    yield "varlen fp16 d72 softcap alibi dropout tensor-seed", lambda: attention(gqa=True,
         head_dim=72, dtype=torch.float16, varlen=True, softcap=30.0, alibi=True, dropout_p=0.1,
         seed=torch.tensor([5]), deterministic=False)  # fmt: skip
-    yield "sparse fp32 d200 softcap alibi dropout", lambda: attention(
+    yield "sparse fp32 d200 softcap alibi dropout", lambda: attention(gqa=True,
         head_dim=200, dtype=torch.float32, sparse=True, softcap=5.0, alibi=True, dropout_p=0.2)  # fmt: skip
-    yield "dense bf16 d128 tma atomic dQ", lambda: attention(
+    yield "dense bf16 d128 tma atomic dQ", lambda: attention(gqa=True,
         head_dim=128, dtype=torch.bfloat16, deterministic=False, tma=True)  # fmt: skip
-    yield "varlen fp16 d72 tma dropout", lambda: attention(
+    yield "varlen fp16 d72 tma dropout", lambda: attention(gqa=True,
         head_dim=72, dtype=torch.float16, varlen=True, dropout_p=0.1, tma=True)  # fmt: skip
-    yield "sparse bf16 d64 tma", lambda: attention(
+    yield "sparse bf16 d64 tma", lambda: attention(gqa=True,
         head_dim=64, dtype=torch.bfloat16, sparse=True, tma=True)  # fmt: skip
-    yield "dense fp32 d256 full", lambda: attention(
+    yield "dense fp32 d256 full", lambda: attention(gqa=True,
         head_dim=256, dtype=torch.float32, causal=False, deterministic=False)  # fmt: skip
     yield "dropout mask", lambda: dropout_keep_mask(torch.tensor([5]), 2, 4, 100, 70, 0.2, "cpu")
     yield "dropout mask varlen int seed", lambda: dropout_keep_mask(

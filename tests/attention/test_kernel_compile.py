@@ -54,14 +54,12 @@ def test_sass_facts_find_the_shortest_tensor_core_loop():
 
 def _assert_hopper_defaults(lines: list[dict]) -> None:
     """The goal of issue 20 for the default launches (docs/kernel_compile.md): every product on
-    wgmma, no spill, the forward with descriptor loads and >= 3 stages. Grouped-query dK/dV at
-    d128 (the group loop keeps dK and dV live across it) still spills: only wgmma is asserted."""
+    wgmma, no spill, the forward with descriptor loads and >= 3 stages."""
     main = [line for line in lines if line["kernel"] in MAIN_KERNELS]
     assert main
     for line in main:
         assert line["mma_sync"] == 0 and line["wgmma"] > 0, line
-        if not ("gqa" in line["launch"] and "d128" in line["launch"]):
-            assert line["spill"] == 0, line
+        assert line["spill"] == 0, line
         if line["kernel"] == "flash_forward_kernel":
             assert line["loads"] == "tma" and line["stages"] >= 3, line
 
