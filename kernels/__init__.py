@@ -3,8 +3,10 @@
 Launchers (the op layer's entry points; contract in docs/interfaces.md):
     flash_fwd.flash_forward, flash_bwd.flash_backward, dropout_mask.dropout_keep_mask
 Kernels: flash_fwd (forward), flash_bwd (delta preprocess and the backward launcher),
-flash_bwd_dkdv, flash_bwd_dq. Shared device helpers: common (constants, sequence bounds, held
-tiles), band (causal/window geometry), visit_plan (which tile ranges a loop streams, dense or
-block-sparse), scores (soft-cap, ALiBi), dropout (seed and keep mask). Host side: launch_args
-(checks and kernel arguments), tuning (tile tables), visits (tile counts without a GPU).
+flash_bwd_dkdv, flash_bwd_dq. Shared device helpers: program (the kernels' common prologue:
+where a program works, a head's score and dropout parameters, its rows), common (constants,
+sequence bounds, held tiles), band (causal/window geometry), visit_plan (which tile ranges a
+loop streams, dense or block-sparse), scores (soft-cap, ALiBi), dropout (seed and keep mask).
+Host side: launch_args (checks and kernel arguments), tuning (tile tables, attention and LM
+head), visit_counts (the forward's key-tile counts on the host, without a GPU).
 """

@@ -19,7 +19,6 @@ from flashtrain.kernels.common import (
     heavy_first,
     load_rows,
     locate_program,
-    rows_source,
     seq_strides,
     tile_grid,
 )
@@ -27,8 +26,9 @@ from flashtrain.kernels.dropout import seed_args
 from flashtrain.kernels.flash_bwd_dkdv import flash_backward_dkdv_kernel
 from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
 from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
-from flashtrain.kernels.tma import use_descriptors
-from flashtrain.kernels.tuning import config, launch_fitted
+from flashtrain.kernels.program import head_rows
+from flashtrain.kernels.tma import reduces_through_descriptors, use_descriptors
+from flashtrain.kernels.tuning import config, launch_fitted, split_group
 
 
 @triton.jit
@@ -44,17 +44,15 @@ def flash_backward_preprocess(
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
-    b64 = b.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    row0 = q_start.to(tl.int64)
-    o_src = rows_source(O + b64 * stride_ob + row0 * stride_om + h * stride_oh, stride_om,
-                        seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, False)
-    do_src = rows_source(DO + b64 * stride_dob + row0 * stride_dom + h * stride_doh, stride_dom,
-                         seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, False)
+    o_src = head_rows(O, (stride_ob, stride_om, stride_oh), b, q_start, h, seqlen_q,
+                      HEAD_DIM, BLOCK_M, BLOCK_D, False)
+    do_src = head_rows(DO, (stride_dob, stride_dom, stride_doh), b, q_start, h, seqlen_q,
+                       HEAD_DIM, BLOCK_M, BLOCK_D, False)
     o = load_rows(o_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, False)
     do = load_rows(do_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(DELTA + b64 * stride_lb + h * stride_lh + q_start + offs_m, delta,
+    tl.store(DELTA + b.to(tl.int64) * stride_lb + h * stride_lh + q_start + offs_m, delta,
              mask=offs_m < seqlen_q)
 
 
@@ -101,20 +99,38 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
     # (B, S, Hq, D) float32, zeroed: rows no key reaches keep dQ = 0
     dq_acc = torch.zeros(dq4.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq4
 
+    # Grouped-query dK/dV per query head into float32 partials (B, Sk, Hq, D), summed per group
+    # below, where the group loop would spill (tuning.split_group).
+    split = layout.heads_q != layout.heads_kv and split_group(block_d, q.device)
+    if split:
+        dk_out = torch.empty((*dk4.shape[:2], layout.heads_q, dk4.shape[3]), dtype=torch.float32,
+                             device=q.device)  # fmt: skip
+        dv_out = torch.empty_like(dk_out)
+    else:
+        dk_out, dv_out = dk4, dv4
+
     def launch_dkdv(cfg):
-        grid = (triton.cdiv(max_seqlen_k, cfg.block_n), layout.batch * layout.heads_kv)
+        heads = layout.heads_q if split else layout.heads_kv
+        grid = (triton.cdiv(max_seqlen_k, cfg.block_n), layout.batch * heads)
         flash_backward_dkdv_kernel[grid](
-            q4, k4, v4, do4, lse, delta, dk4, dv4, dq_acc, cu_q, cu_k, slopes, seed_ptr, *q_tables,
+            q4, k4, v4, do4, lse, delta, dk_out, dv_out, dq_acc, cu_q, cu_k, slopes, seed_ptr,
+            *q_tables,
             *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
-            *seq_strides(do4, is_varlen), *seq_strides(dk4, is_varlen), *seq_strides(dv4, is_varlen),
+            *seq_strides(do4, is_varlen), *seq_strides(dk_out, is_varlen),
+            *seq_strides(dv_out, is_varlen),
             *seq_strides(dq_acc, is_varlen), *layout.lse_strides, *q_table_strides,
             max_seqlen_q, max_seqlen_k, layout.heads_kv, *scalars,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=atomic_dq,
-            TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dk4, dv4), **constexprs,
+            TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dk_out, dv_out),
+            DQ_TMA=atomic_dq and reduces_through_descriptors(cfg, q.device, dq_acc),
+            SPLIT_GROUP=split, **constexprs,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
     launch_fitted("dkdv", dkdv_cfg, launch_dkdv)
+    if split:  # the group's shares in a fixed order: deterministic
+        dk4.copy_(dk_out.unflatten(2, (layout.heads_kv, -1)).sum(3))
+        dv4.copy_(dv_out.unflatten(2, (layout.heads_kv, -1)).sum(3))
     if atomic_dq:  # the conversion: dQ = softmax_scale * (dS K), in dq's dtype
         dq4.copy_(dq_acc.mul_(softmax_scale))
         return

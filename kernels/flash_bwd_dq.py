@@ -8,15 +8,10 @@ import triton
 import triton.language as tl
 
 from flashtrain.kernels.band import allowed, key_block_range
-from flashtrain.kernels.common import (
-    load_row_stats,
-    load_rows,
-    locate_program,
-    rows_source,
-    store_rows,
-)
-from flashtrain.kernels.dropout import dropout_keep, head_seed
-from flashtrain.kernels.scores import pending_scale, program_scores, tile_scores
+from flashtrain.kernels.common import load_row_stats, load_rows, store_rows
+from flashtrain.kernels.dropout import dropout_keep
+from flashtrain.kernels.program import head_features, head_rows, program_prologue
+from flashtrain.kernels.scores import pending_scale, tile_scores
 from flashtrain.kernels.visit_plan import segment_tiles, table_row, tile_start
 
 
@@ -66,10 +61,10 @@ def _dq_key_loop(dq, q, do, lse, delta, k_src, v_src, offs_m, seqlen_k, band, sc
                  PRECISION: tl.constexpr, SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
                  TMA: tl.constexpr):
     """Run the query tile's visit plan (flashtrain.kernels.visit_plan)."""
-    for seg in tl.static_range(3 - SPARSE):
+    for seg in tl.static_range(2):
         dq = _dq_segment(
             dq, q, do, lse, delta, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
-            bounds, tables, at, seg, (seg == 0) if SPARSE else (seg != 1),
+            bounds, tables, at, seg, seg == 0,
             SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
             SPARSE, SPARSE_BLOCK, TMA)
     return dq
@@ -91,32 +86,29 @@ def flash_backward_dq_kernel(
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     SEED_IN_MEMORY: tl.constexpr, HEAVY_FIRST: tl.constexpr, TMA: tl.constexpr,
 ):
-    pid_m, b, h, q_start, seqlen_q, k_start, seqlen_k = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q, IS_VARLEN, HEAVY_FIRST)
+    pid_m, b, h, q_start, seqlen_q, k_start, seqlen_k, band = program_prologue(
+        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q,
+        window_left, window_right, IS_VARLEN, HEAVY_FIRST)
     h_kv = h // GROUP
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
-    band = (seqlen_k - seqlen_q, window_left, window_right)
-    scores = program_scores(scale_log2, softcap_scale, softcap_log2, ALIBI_SLOPES, b, h,
-                            stride_ab, stride_ah, ALIBI)
-    dropout = (head_seed(SEED, seed, b, h, heads_q, SEED_IN_MEMORY), dropout_p)
-    b64 = b.to(tl.int64)
+    scores, dropout = head_features(ALIBI_SLOPES, SEED, seed, b, h, heads_q, scale_log2,
+                                    softcap_scale, softcap_log2, stride_ab, stride_ah, dropout_p,
+                                    ALIBI, SEED_IN_MEMORY)
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    q_row0 = q_start.to(tl.int64)
-    q_src = rows_source(Q + b64 * stride_qb + q_row0 * stride_qm + h * stride_qh, stride_qm,
-                        seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-    do_src = rows_source(DO + b64 * stride_dob + q_row0 * stride_dom + h * stride_doh, stride_dom,
-                         seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    q_src = head_rows(Q, (stride_qb, stride_qm, stride_qh), b, q_start, h, seqlen_q,
+                      HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    do_src = head_rows(DO, (stride_dob, stride_dom, stride_doh), b, q_start, h, seqlen_q,
+                       HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     q = load_rows(q_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)  # (BLOCK_M, BLOCK_D)
     do = load_rows(do_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-    stats_at = b64 * stride_lb + h * stride_lh + q_start
+    stats_at = b.to(tl.int64) * stride_lb + h * stride_lh + q_start
     lse, delta = load_row_stats(LSE + stats_at, DELTA + stats_at, offs_m, seqlen_q, True)
-    k_row0 = k_start.to(tl.int64)
-    k_src = rows_source(K + b64 * stride_kb + k_row0 * stride_kn + h_kv * stride_kh, stride_kn,
-                        seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
-    v_src = rows_source(V + b64 * stride_vb + k_row0 * stride_vn + h_kv * stride_vh, stride_vn,
-                        seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    k_src = head_rows(K, (stride_kb, stride_kn, stride_kh), b, k_start, h_kv, seqlen_k,
+                      HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    v_src = head_rows(V, (stride_vb, stride_vn, stride_vh), b, k_start, h_kv, seqlen_k,
+                      HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     bounds = key_block_range(m0, seqlen_k, band, BLOCK_M, BLOCK_N)
     tables = (KV_PARTIAL_COUNT, KV_PARTIAL_INDEX, KV_FULL_COUNT, KV_FULL_INDEX)
@@ -124,6 +116,6 @@ def flash_backward_dq_kernel(
     dq = _dq_key_loop(dq, q, do, lse, delta, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
                       bounds, tables, at, SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N,
                       PRECISION, SPARSE, SPARSE_BLOCK, TMA)
-    dq_src = rows_source(DQ + b64 * stride_dqb + q_row0 * stride_dqm + h * stride_dqh, stride_dqm,
-                         seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    dq_src = head_rows(DQ, (stride_dqb, stride_dqm, stride_dqh), b, q_start, h, seqlen_q,
+                       HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     store_rows(dq_src, m0, dq * softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)

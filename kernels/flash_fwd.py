@@ -18,15 +18,14 @@ from flashtrain.kernels.common import (
     dot_precision,
     heavy_first,
     load_rows,
-    locate_program,
-    rows_source,
     seq_strides,
     store_rows,
     tile_grid,
 )
-from flashtrain.kernels.dropout import dropout_keep, head_seed, seed_args
+from flashtrain.kernels.dropout import dropout_keep, seed_args
 from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
-from flashtrain.kernels.scores import pending_scale, program_scores, tile_scores
+from flashtrain.kernels.program import head_features, head_rows, program_prologue
+from flashtrain.kernels.scores import pending_scale, tile_scores
 from flashtrain.kernels.tma import use_descriptors
 from flashtrain.kernels.tuning import forward_config, launch_fitted
 from flashtrain.kernels.visit_plan import segment_tiles, table_row, tile_start
@@ -85,10 +84,10 @@ def _forward_key_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, sc
     """Run the query tile's visit plan; also returns the number of key tiles streamed when
     COUNT_VISITS."""
     tiles = 0
-    for seg in tl.static_range(3 - SPARSE):
+    for seg in tl.static_range(2):
         acc, l_i, m_i = _forward_segment(
             acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
-            bounds, tables, at, seg, (seg == 0) if SPARSE else (seg != 1),
+            bounds, tables, at, seg, seg == 0,
             SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
             SPARSE, SPARSE_BLOCK, TMA)
         if COUNT_VISITS:
@@ -112,26 +111,24 @@ def flash_forward_kernel(
     SEED_IN_MEMORY: tl.constexpr, COUNT_VISITS: tl.constexpr, HEAVY_FIRST: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    pid_m, b, h, q_start, seqlen_q, k_start, seqlen_k = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q, IS_VARLEN, HEAVY_FIRST)
+    pid_m, b, h, q_start, seqlen_q, k_start, seqlen_k, band = program_prologue(
+        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q,
+        window_left, window_right, IS_VARLEN, HEAVY_FIRST)
     h_kv = h // GROUP
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
-    band = (seqlen_k - seqlen_q, window_left, window_right)
-    scores = program_scores(scale_log2, softcap_scale, softcap_log2, ALIBI_SLOPES, b, h,
-                            stride_ab, stride_ah, ALIBI)
-    dropout = (head_seed(SEED, seed, b, h, heads_q, SEED_IN_MEMORY), dropout_p)
-    b64 = b.to(tl.int64)
-
+    scores, dropout = head_features(ALIBI_SLOPES, SEED, seed, b, h, heads_q, scale_log2,
+                                    softcap_scale, softcap_log2, stride_ab, stride_ah, dropout_p,
+                                    ALIBI, SEED_IN_MEMORY)
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    q_base = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h * stride_qh
-    q_src = rows_source(q_base, stride_qm, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    q_src = head_rows(Q, (stride_qb, stride_qm, stride_qh), b, q_start, h, seqlen_q,
+                      HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     q = load_rows(q_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)  # (BLOCK_M, BLOCK_D)
-    k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + h_kv * stride_kh
-    v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + h_kv * stride_vh
-    k_src = rows_source(k_base, stride_kn, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
-    v_src = rows_source(v_base, stride_vn, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    k_src = head_rows(K, (stride_kb, stride_kn, stride_kh), b, k_start, h_kv, seqlen_k,
+                      HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    v_src = head_rows(V, (stride_vb, stride_vn, stride_vh), b, k_start, h_kv, seqlen_k,
+                      HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -154,10 +151,10 @@ def flash_forward_kernel(
     if HAS_DROPOUT:
         out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
-    o_base = O + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h * stride_oh
-    o_src = rows_source(o_base, stride_om, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    o_src = head_rows(O, (stride_ob, stride_om, stride_oh), b, q_start, h, seqlen_q,
+                      HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     store_rows(o_src, m0, out, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-    lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
+    lse_base = LSE + b.to(tl.int64) * stride_lb + h * stride_lh + q_start
     tl.store(lse_base + offs_m, lse, mask=offs_m < seqlen_q)
 
 

@@ -26,68 +26,19 @@ logits are computed three times (forward, and once per backward kernel) against 
 atomics (Cut Cross-Entropy), 5 products of N x V x C instead of 4, for determinism.
 """
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from flashtrain.kernels.common import dot_precision
-from flashtrain.kernels.tuning import interpreted
+from flashtrain.kernels.tuning import interpreted, xent_tiles
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # a jit global must be a constexpr
 
 
-@dataclass(frozen=True)
-class XentTiles:
-    block_m: int  # token rows per tile
-    block_v: int  # vocabulary rows per tile
-    block_k: int  # hidden-dim chunk of the logits product
-    block_c: int  # hidden-dim chunk of the gradient products (backward)
-    num_warps: int
-    num_stages: int
-
-
-# Tiles per kernel and GPU family, chosen by reasoning and checked offline, not yet timed
-# (scripts/bench_loss.py on an H100 is the check). Each configuration below compiles for its
-# target without register spills (triton 3.9, sm_90a / sm_80, cuobjdump resource usage) and, on
-# Hopper, with both products as wgmma. The forward is a tiled GEMM with a cheap epilogue. The
-# backward kernels hold a z tile and its gradient plus a BLOCK x BLOCK_C fp32 product chunk in
-# registers; their fp32 read-modify-write of the owned rows costs 8 * BLOCK_C bytes per
-# 4 * BLOCK_streamed * BLOCK_C flops, hence a wide streamed tile (256 vocabulary rows per dH
-# step, 128 tokens per dW step) and a narrow owned one.
-_T = XentTiles
-TILES = {
-    "hopper": {  # 16-bit inputs, sm_90
-        "forward": _T(block_m=128, block_v=128, block_k=64, block_c=64, num_warps=8, num_stages=3),
-        "grad_hidden": _T(block_m=64, block_v=256, block_k=64, block_c=32, num_warps=8, num_stages=3),
-        "grad_weight": _T(block_m=128, block_v=64, block_k=64, block_c=64, num_warps=8, num_stages=3),
-    },
-    "ampere": {  # 16-bit inputs before Hopper: no wgmma, mma.sync needs more registers
-        "forward": _T(block_m=64, block_v=128, block_k=64, block_c=64, num_warps=8, num_stages=2),
-        "grad_hidden": _T(block_m=64, block_v=128, block_k=64, block_c=32, num_warps=8, num_stages=2),
-        "grad_weight": _T(block_m=64, block_v=64, block_k=64, block_c=64, num_warps=8, num_stages=2),
-    },
-    "fp32": {  # exact fp32 products (no tensor cores), any GPU
-        "forward": _T(block_m=64, block_v=128, block_k=32, block_c=32, num_warps=8, num_stages=2),
-        "grad_hidden": _T(block_m=64, block_v=128, block_k=32, block_c=32, num_warps=8, num_stages=2),
-        "grad_weight": _T(block_m=64, block_v=64, block_k=32, block_c=32, num_warps=8, num_stages=2),
-    },
-}
-# Small tiles under TRITON_INTERPRET=1: tests cover several tiles per split, several splits and
-# masked tails at shapes the interpreter runs in seconds.
-INTERPRETER_TILES = _T(block_m=16, block_v=32, block_k=16, block_c=16, num_warps=4, num_stages=1)
-INTERPRETER_PROGRAMS = 6  # programs to aim for (splits are made until there are this many)
-
-
-def xent_tiles(kernel: str, dtype: torch.dtype, device: torch.device) -> XentTiles:
-    """kernel: forward | grad_hidden | grad_weight; dtype: the products' input dtype."""
-    if interpreted() or device.type != "cuda":
-        return INTERPRETER_TILES
-    if dtype == torch.float32:
-        return TILES["fp32"][kernel]
-    hopper = torch.cuda.get_device_capability(device)[0] >= 9
-    return TILES["hopper" if hopper else "ampere"][kernel]
+# Under TRITON_INTERPRET=1 (small tiles: flashtrain.kernels.tuning.xent_tiles) splits are made
+# until there are this many programs: several splits and masked tails at test sizes.
+INTERPRETER_PROGRAMS = 6
 
 
 def _target_programs(device: torch.device) -> int:

@@ -51,6 +51,14 @@ def use_descriptors(cfg: TileConfig, device: torch.device, *tensors: torch.Tenso
     return True
 
 
+def reduces_through_descriptors(cfg: TileConfig, device: torch.device, *tensors: torch.Tensor) -> bool:
+    """Whether float32 atomic adds into `tensors` go through descriptors (bulk reduce-add, one
+    instruction per tile) rather than per-element atomics: as use_descriptors, except under the
+    interpreter, which emulates descriptor loads and stores but not their reductions (CPU tests
+    then check the per-element path; the GPU tests check this one)."""
+    return not interpreted() and use_descriptors(cfg, device, *tensors)
+
+
 _allocator_set = False
 
 

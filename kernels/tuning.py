@@ -2,7 +2,8 @@
 
 A table rather than autotuning: launches are deterministic (the backward's bitwise repeatability
 must not depend on which config a benchmark run happened to pick) and there is no warm-up cost.
-Three kinds, each with its own config:
+Three attention kinds, each with its own config (and, at the end, the LM-head cross-entropy
+kernels' tiles, `xent_tiles`):
     fwd   the forward:         block_m query rows held, block_n key rows streamed
     dkdv  the dK/dV backward:  block_n key rows held, block_m query rows streamed (also the
                                atomic-dQ pass of deterministic=False)
@@ -10,8 +11,8 @@ Three kinds, each with its own config:
                                (deterministic=True only)
 A config comes from, in order: a sweep's override (`overridden`), the GPU's measured table
 (kernels/tuning_tables/<gpu-slug>.json, written by scripts/gpu_suite.py), the built-in rules
-below (pointer loads until a GPU's table says descriptors are faster; FLASHTRAIN_TMA=1 or 0
-decides for every launch); then it is shrunk until its shared memory fits the GPU
+below (chosen from what Triton's compiler makes of them for sm_90, docs/kernel_compile.md, until a
+GPU's table says otherwise; FLASHTRAIN_TMA=1 or 0 decides the load path for every launch); then it is shrunk until its shared memory fits the GPU
 (`fit_shared_memory`), and a launch that still runs out of resources steps down and remembers
 the step (`launch_fitted`).
 Under TRITON_INTERPRET=1 one small configuration per kind keeps CPU tests fast while still
@@ -51,7 +52,7 @@ def interpreted() -> bool:
 def gpu_capability(device: torch.device) -> tuple[int, int] | None:
     """Compute capability the kernels compile for on `device`; None under the interpreter or off
     CUDA (the small test tile). The one place the tables ask the hardware, so a compile check
-    can stand in a target GPU (tests/attention/kernel_compile.py)."""
+    can stand in a target GPU (flashtrain/lab/kernel_compile.py)."""
     if interpreted() or device.type != "cuda":
         return None
     return torch.cuda.get_device_capability(device)
@@ -242,20 +243,46 @@ def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, spar
     return config("fwd", head_dim, dtype, device, sparse_block)
 
 
+_FORCED_SPLIT: list[bool] = []  # innermost `forced_group_split` value last
+
+
+def split_group(block_d: int, device: torch.device) -> bool:
+    """Whether grouped-query dK/dV runs one program per query head into float32 partials summed
+    per group (extra memory: 2 x 4 x B x Sk x Hq x D bytes) rather than one program per kv head
+    looping over its group, whose dK and dV stay live across the loop and spill on sm_90 at
+    d128 (docs/kernel_compile.md): on a GPU at block_d > 64."""
+    if _FORCED_SPLIT:
+        return _FORCED_SPLIT[-1]
+    return gpu_capability(device) is not None and block_d > 64
+
+
+@contextlib.contextmanager
+def forced_group_split(enabled: bool):
+    """Grouped-query backward launches inside the block split the group (True) or loop over it
+    (False), whatever split_group says; tests run both on CPU this way."""
+    _FORCED_SPLIT.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _FORCED_SPLIT.pop()
+
+
 # ------------------------------------------------------------------ built-in rules
 # Chosen from what compiles well for sm_90 / sm_80 (Triton 3.9's cubins: shared memory, registers,
-# spills; tests/attention/kernel_compile.py), not yet from GPU timings: the GPU suite's sweep
+# spills; flashtrain/lab/kernel_compile.py), not yet from GPU timings: the GPU suite's sweep
 # measures the alternatives (and TMA) and writes the per-GPU table that replaces these.
 def _forward_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
+    """Hopper, fp16/bf16: 128 x 128 tiles, descriptor loads, 3 stages (at d128 230,400 bytes of
+    shared memory, no spill: docs/kernel_compile.md)."""
     capability = gpu_capability(device)
     if capability is None:
         return TileConfig(32, 16, block_d, 4, 1)
     wide = dtype == torch.float32  # fp32 tiles take twice the registers and shared memory
     if capability[0] >= 9:  # Hopper: 227 KiB of shared memory, 128 x 128 tiles
         if block_d <= 64:
-            return TileConfig(128, 64 if wide else 128, block_d, 8, 3)
+            return TileConfig(128, 64 if wide else 128, block_d, 8, 3, tma=not wide)
         if block_d <= 128:
-            return TileConfig(128, 32 if wide else 128, block_d, 8, 2)
+            return TileConfig(128, 32 if wide else 128, block_d, 8, 2 if wide else 3, tma=not wide)
         return TileConfig(64, 32 if wide else 64, block_d, 8, 2)
     # Ampere / Ada: 2 stages (fit_shared_memory trims the consumer parts' 99 KiB further)
     if block_d <= 64:
@@ -266,23 +293,87 @@ def _forward_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> Til
 
 
 def _dkdv_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
-    """32 streamed query rows: the fewest spills of the atomic-dQ pass at d <= 128 (64 x 128
-    spills twice as much on sm_90)."""
-    if gpu_capability(device) is None:
+    """128 held key rows, 32 streamed query rows: every product has 128 rows (the atomic-dQ one
+    transposed), so all run on wgmma, without spills at d <= 128 on sm_90 in both backward
+    modes; 64-row query tiles spill. Descriptor loads (and the atomic dQ as a bulk reduce-add)
+    at d64; pointer loads at d128, where Triton 3.6 spills with descriptors in the atomic-dQ
+    pass (docs/kernel_compile.md)."""
+    capability = gpu_capability(device)
+    if capability is None:
         return TileConfig(16, 32, block_d, 4, 1)
     wide = dtype == torch.float32
+    hopper = capability[0] >= 9
     if block_d <= 128:
-        return TileConfig(32, 64 if wide else 128, block_d, 8, 2)
+        return TileConfig(32, 64 if wide else 128, block_d, 8, 2,
+                          tma=hopper and not wide and block_d <= 64)  # fmt: skip
     return TileConfig(32, 32 if wide else 64, block_d, 8, 1)
 
 
 def _dq_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
-    if gpu_capability(device) is None:
+    capability = gpu_capability(device)
+    if capability is None:
         return TileConfig(32, 16, block_d, 4, 1)
     wide = dtype == torch.float32
+    hopper = capability[0] >= 9
     if block_d <= 128:
-        return TileConfig(64 if wide else 128, 32 if wide else 64, block_d, 8, 2)
+        return TileConfig(64 if wide else 128, 32 if wide else 64, block_d, 8, 2,
+                          tma=hopper and not wide)  # fmt: skip
     return TileConfig(64, 32, block_d, 8, 1)
 
 
 _BUILTIN = {"fwd": _forward_rule, "dkdv": _dkdv_rule, "dq": _dq_rule}
+
+
+# ------------------------------------------------------------------ LM-head cross-entropy tiles
+@dataclass(frozen=True)
+class XentTiles:
+    """Tiles of one kernel of flashtrain.kernels.linear_cross_entropy."""
+
+    block_m: int  # token rows per tile
+    block_v: int  # vocabulary rows per tile
+    block_k: int  # hidden-dim chunk of the logits product
+    block_c: int  # hidden-dim chunk of the gradient products (backward)
+    num_warps: int
+    num_stages: int
+
+
+# Tiles per kernel and GPU family, chosen by reasoning and checked offline, not yet timed
+# (scripts/bench_loss.py on an H100 is the check). Each configuration below compiles for its
+# target without register spills (triton 3.9, sm_90a / sm_80, cuobjdump resource usage) and, on
+# Hopper, with both products as wgmma. The forward is a tiled GEMM with a cheap epilogue. The
+# backward kernels hold a z tile and its gradient plus a BLOCK x BLOCK_C fp32 product chunk in
+# registers; their fp32 read-modify-write of the owned rows costs 8 * BLOCK_C bytes per
+# 4 * BLOCK_streamed * BLOCK_C flops, hence a wide streamed tile (256 vocabulary rows per dH
+# step, 128 tokens per dW step) and a narrow owned one.
+_X = XentTiles
+XENT_TILES = {
+    "hopper": {  # 16-bit inputs, sm_90
+        "forward": _X(block_m=128, block_v=128, block_k=64, block_c=64, num_warps=8, num_stages=3),
+        "grad_hidden": _X(block_m=64, block_v=256, block_k=64, block_c=32, num_warps=8, num_stages=3),
+        "grad_weight": _X(block_m=128, block_v=64, block_k=64, block_c=64, num_warps=8, num_stages=3),
+    },
+    "ampere": {  # 16-bit inputs before Hopper: no wgmma, mma.sync needs more registers
+        "forward": _X(block_m=64, block_v=128, block_k=64, block_c=64, num_warps=8, num_stages=2),
+        "grad_hidden": _X(block_m=64, block_v=128, block_k=64, block_c=32, num_warps=8, num_stages=2),
+        "grad_weight": _X(block_m=64, block_v=64, block_k=64, block_c=64, num_warps=8, num_stages=2),
+    },
+    "fp32": {  # exact fp32 products (no tensor cores), any GPU
+        "forward": _X(block_m=64, block_v=128, block_k=32, block_c=32, num_warps=8, num_stages=2),
+        "grad_hidden": _X(block_m=64, block_v=128, block_k=32, block_c=32, num_warps=8, num_stages=2),
+        "grad_weight": _X(block_m=64, block_v=64, block_k=32, block_c=32, num_warps=8, num_stages=2),
+    },
+}
+# Small tiles under TRITON_INTERPRET=1 (and off CUDA): tests cover several tiles per split,
+# several splits and masked tails at shapes the interpreter runs in seconds.
+XENT_INTERPRETER_TILES = _X(block_m=16, block_v=32, block_k=16, block_c=16, num_warps=4,
+                            num_stages=1)  # fmt: skip
+
+
+def xent_tiles(kernel: str, dtype: torch.dtype, device: torch.device) -> XentTiles:
+    """kernel: forward | grad_hidden | grad_weight; dtype: the products' input dtype."""
+    capability = gpu_capability(device)
+    if capability is None:
+        return XENT_INTERPRETER_TILES
+    if dtype == torch.float32:
+        return XENT_TILES["fp32"][kernel]
+    return XENT_TILES["hopper" if capability[0] >= 9 else "ampere"][kernel]

@@ -1,23 +1,25 @@
-"""Visit plans: the tiles a program's loop streams, in segments, each segment one flat loop.
+"""Visit plans: the tiles a program's loop streams, in two segments, each segment one flat loop.
 
-Every loop (forward keys, dK/dV queries, dQ keys) runs one plan:
-  dense:  3 segments, each one contiguous range: [lo, full_lo) masked, [full_lo, full_hi)
-          unmasked, [full_hi, hi) masked (the band's edges and the sequence end pay for the
-          element mask);
-  sparse: 2 segments of table entries: the partial blocks (masked), then the full blocks
-          (unmasked), each entry one layout block [idx * SPARSE_BLOCK, (idx + 1) * SPARSE_BLOCK),
-          i.e. SPARSE_BLOCK // BLOCK tiles.
-A segment is one loop over its tiles, the sparse ones too (tile t of a sparse segment is tile
-t % TILES of kept block t // TILES), so Triton's pipeliner prefetches the next tile across layout
-blocks as it does within one:
-    for seg in tl.static_range(3 - SPARSE):  # the segments
+Every loop (forward keys, dK/dV queries, dQ keys) runs one plan of two segments, the first
+element-masked, the second not:
+  dense:  the band's range [lo, hi) split at full_lo and full_hi: segment 0 streams the edge
+          tiles [lo, full_lo) and then [full_hi, hi) (where the band's edges and the sequence end
+          need the element mask), segment 1 the middle [full_lo, full_hi) (no mask);
+  sparse: the table entries: the partial blocks (masked), then the full blocks (unmasked), each
+          entry one layout block [idx * SPARSE_BLOCK, (idx + 1) * SPARSE_BLOCK), i.e.
+          SPARSE_BLOCK // BLOCK tiles.
+Two loops rather than one per range: every loop is software-pipelined with its own buffers and
+the accumulators must stay in registers across all of them; with a third loop the dK/dV kernel
+ran out of registers on sm_90 (docs/kernel_compile.md). A segment is one loop over its tiles,
+the sparse ones too (tile t of a sparse segment is tile t % TILES of kept block t // TILES), so
+Triton's pipeliner prefetches the next tile across layout blocks as it does within one:
+    for seg in tl.static_range(2):  # the segments
         for t in range(segment_tiles(bounds, tables, at, seg, SPARSE, SPARSE_BLOCK, BLOCK)):
             start = tile_start(bounds, tables, at, seg, t, SPARSE, SPARSE_BLOCK, BLOCK)
-            ... stream [start, start + BLOCK), element-masked iff (seg == 0) if SPARSE else (seg != 1)
-The segment count and the masked flag are constexpr expressions written in place (a
-@triton.jit helper would return tensors). `bounds` is the (lo, full_lo, full_hi, hi) of
-flashtrain.kernels.band; `tables` the layout's (PARTIAL_COUNT, PARTIAL_INDEX, FULL_COUNT,
-FULL_INDEX); `at` = (count offset, index offset) of the program's row of them, from table_row.
+            ... stream [start, start + BLOCK), element-masked iff seg == 0
+`bounds` is the (lo, full_lo, full_hi, hi) of flashtrain.kernels.band; `tables` the layout's
+(PARTIAL_COUNT, PARTIAL_INDEX, FULL_COUNT, FULL_INDEX); `at` = (count offset, index offset) of
+the program's row of them, from table_row.
 """
 
 import triton
@@ -33,16 +35,10 @@ def table_row(h, block, strides):
 
 
 @triton.jit
-def _dense_segment(bounds, seg: tl.constexpr):
-    """[start, end) of dense segment `seg`."""
+def _leading_edge_tiles(bounds, BLOCK: tl.constexpr):
+    """Tiles of the masked range [lo, full_lo) that segment 0 streams first."""
     lo, full_lo, full_hi, hi = bounds
-    if seg == 0:
-        start, end = lo, full_lo
-    elif seg == 1:
-        start, end = full_lo, full_hi
-    else:
-        start, end = full_hi, hi
-    return start, end
+    return (full_lo - lo + BLOCK - 1) // BLOCK
 
 
 @triton.jit
@@ -55,8 +51,11 @@ def segment_tiles(bounds, tables, at, seg: tl.constexpr, SPARSE: tl.constexpr,
         else:
             n = tl.load(tables[2] + at[0]) * (SPARSE_BLOCK // BLOCK)
     else:
-        start, end = _dense_segment(bounds, seg)
-        n = (end - start + BLOCK - 1) // BLOCK
+        lo, full_lo, full_hi, hi = bounds
+        if seg == 0:
+            n = _leading_edge_tiles(bounds, BLOCK) + (hi - full_hi + BLOCK - 1) // BLOCK
+        else:
+            n = (full_hi - full_lo) // BLOCK
     return n
 
 
@@ -72,5 +71,10 @@ def tile_start(bounds, tables, at, seg: tl.constexpr, t, SPARSE: tl.constexpr,
             block = tl.load(tables[3] + at[1] + t // TILES)
         start = block * SPARSE_BLOCK + (t % TILES) * BLOCK
     else:
-        start = _dense_segment(bounds, seg)[0] + t * BLOCK
+        lo, full_lo, full_hi, hi = bounds
+        if seg == 0:
+            leading = _leading_edge_tiles(bounds, BLOCK)
+            start = tl.where(t < leading, lo + t * BLOCK, full_hi + (t - leading) * BLOCK)
+        else:
+            start = full_lo + t * BLOCK
     return start

@@ -7,6 +7,7 @@ import pytest
 import torch
 from kernel_testing import check_kernels_against_definition, cu_seqlens, run_kernels
 
+from flashtrain.kernels import tuning
 from flashtrain.kernels.dropout_mask import dropout_keep_mask
 
 pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
@@ -65,3 +66,33 @@ def test_matches_the_deterministic_path():
     assert torch.equal(fast[3], exact[3]) and torch.equal(fast[4], exact[4])
     torch.testing.assert_close(fast[2], exact[2], rtol=1e-5, atol=1e-5)
     assert fast[2].abs().max() > 0.1  # dq was written
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic-dQ"])
+def test_grouped_query_split_per_query_head(deterministic):
+    """Grouped-query dK/dV with one program per query head into float32 shares summed per group
+    (tuning.split_group: the GPU default at d > 64), dense with a group of 3 and varlen with an
+    empty sequence, in both backward modes."""
+    q, k, v = _qkv((2, 29, 6, 24), (2, 41, 2, 24), torch.float32, seed=8)
+    lens_q, lens_k = [9, 0, 30], [12, 5, 21]
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    vq, vk, vv = _qkv((sum(lens_q), 4, 16), (sum(lens_k), 2, 16), torch.float16, seed=9)
+    with tuning.forced_group_split(True):
+        check_kernels_against_definition(q, k, v, scale=0.4, causal=True, window=(6, 2),
+                                         deterministic=deterministic)  # fmt: skip
+        check_kernels_against_definition(vq, vk, vv, scale=0.5, causal=True, cu_q=cu_q, cu_k=cu_k,
+                                         deterministic=deterministic)  # fmt: skip
+
+
+def test_grouped_query_split_matches_the_group_loop():
+    """The same dK/dV whether a program loops over the group or each query head adds its share
+    afterwards (float32 either way; equal up to summation order)."""
+    q, k, v = _qkv((1, 50, 4, 32), (1, 50, 1, 32), torch.float32, seed=10)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(11))
+    with tuning.forced_group_split(True):
+        split = run_kernels(q, k, v, dout, scale=0.3, causal=True, deterministic=True)
+    with tuning.forced_group_split(False):
+        loop = run_kernels(q, k, v, dout, scale=0.3, causal=True, deterministic=True)
+    for a, b in zip(split[2:5], loop[2:5]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert b.abs().max() > 0.1

@@ -44,7 +44,7 @@ def test_window_matches_reference(route, seqlen_q, seqlen_k, window, causal):
 def test_key_blocks_outside_the_band_are_skipped():
     """The launch visits only blocks that intersect the band: count them with the same range
     arithmetic the kernel uses, and check cost grows linearly in seqlen for a fixed window."""
-    from flashtrain.kernels.visits import key_blocks_visited
+    from flashtrain.kernels.visit_counts import key_blocks_visited
 
     dense = [key_blocks_visited(s, s) for s in (4096, 8192)]
     local = [key_blocks_visited(s, s, window_left=256, causal=True) for s in (4096, 8192)]
@@ -67,7 +67,7 @@ def test_visit_count_mirror_matches_the_kernel(seqlen_q, seqlen_k, window, causa
     from flashtrain.kernels.common import UNBOUNDED
     from flashtrain.kernels.flash_fwd import flash_forward
     from flashtrain.kernels.tuning import forward_config
-    from flashtrain.kernels.visits import key_blocks_visited
+    from flashtrain.kernels.visit_counts import key_blocks_visited
 
     q, k, v = random_qkv(1, seqlen_q, seqlen_k, 1, 1, 16, torch.float32)
     cfg = forward_config(16, torch.float32, q.device)

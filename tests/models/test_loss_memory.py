@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import json
 from flashtrain.lab.bench import loss as loss_bench
-from flashtrain.kernels import linear_cross_entropy as kernels
-kernels.INTERPRETER_TILES = kernels.XentTiles(128, 1024, 16, 16, 4, 1)
+from flashtrain.kernels import tuning
+tuning.XENT_INTERPRETER_TILES = tuning.XentTiles(128, 1024, 16, 16, 4, 1)
 print(json.dumps(loss_bench.measure_point({method!r}, {tokens}, {hidden}, {vocab}, {chunk}, 1)))
 """
 MiB = 2**20

@@ -179,7 +179,7 @@ def blocksparse_sweep(args) -> list[dict]:
 def cpu_report(args) -> int:
     """No CUDA: a tiny smoke of the op, and the tile counts the kernels would stream
     (printed, and written as markdown: operation counts, not timings)."""
-    from flashtrain.kernels.visits import key_blocks_visited
+    from flashtrain.kernels.visit_counts import key_blocks_visited
 
     print("No CUDA device: the GPU benchmark is skipped (no timings are claimed on CPU).")
     q, k, v = (torch.randn(1, 64, 2, 32, requires_grad=True) for _ in range(3))

@@ -1,0 +1,371 @@
+"""Compile the kernels for a CUDA GPU on a machine that has none, with Triton's own compiler, and
+report what the compiler made of each one.
+
+TRITON_INTERPRET runs the kernels' Python, not their compilation: rules only the compiler
+enforces (module globals must be tl.constexpr, loop-carried types, constexpr-only arguments) pass
+the interpreter and fail on the first GPU, and nothing there says whether a product runs on the
+tensor cores the way the target wants. This tool launches the real launchers through a stand-in
+driver that names the target GPU, so each launch compiles (nothing runs), and prints one JSON
+line per kernel compiled:
+
+    python scripts/kernel_compile.py [--arch 90] [--launches defaults|features]
+                                     [--only TEXT] [--front-end-only] [--markdown FILE]
+
+--launches defaults (the default): the production launches, bf16 and fp16 x head_dim 64 and 128
+x causal or not x dense or block-sparse x both backward modes (deterministic two-kernel dQ and
+atomic dQ), with the built-in tiles of kernels/tuning.py, then 4 grouped-query ones; features: every feature flag at least
+once (varlen, softcap, ALiBi, dropout, fp32, descriptors forced). --only keeps the launches whose
+tag contains TEXT. --front-end-only stops after Triton's first IR (~0.5 s a kernel: the checks
+above); otherwise the whole pipeline runs to a cubin (LLVM and ptxas, seconds a kernel) and each
+line carries the compile facts:
+    registers, spill (stack bytes), shared (bytes per block), warps, stages,
+    loads ("tma": the PTX holds tensor-descriptor bulk copies, else "pointer"),
+    wgmma / mma_sync (SASS HGMMA / HMMA instructions: Hopper's warpgroup products vs the older
+    per-warp ones), main_loop (SASS instructions of the steady-state loop: the shortest
+    innermost loop that holds tensor-core instructions, i.e. the unmasked visit-plan segment),
+    loop_spills (local-memory loads and stores, SASS LDL / STL, inside that loop).
+A kernel compiled before in the same run (same binary) is reported once. --markdown writes the
+facts as a table. Compile-time facts, not a measurement: nothing here ran on a GPU. Run it
+without TRITON_INTERPRET set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+
+from flashtrain.attention.sparsity.layout import BlockSparseLayout
+from flashtrain.kernels import tuning
+from flashtrain.kernels.common import UNBOUNDED
+from flashtrain.kernels.dropout_mask import dropout_keep_mask
+from flashtrain.kernels.flash_bwd import flash_backward
+from flashtrain.kernels.flash_fwd import flash_forward
+
+FACT_COLUMNS = ("registers", "spill", "shared", "warps", "stages", "loads", "wgmma", "mma_sync",
+                "main_loop", "loop_spills")  # fmt: skip
+
+
+class _FrontEndDone(Exception):
+    """Raised by the stage after the first IR when only the front end is wanted."""
+
+
+class _TargetDriver:
+    """Answers Triton's runtime questions as a CUDA device of the chosen arch would."""
+
+    def __init__(self, arch: int):
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+def install(arch: int, front_end_only: bool, compiled: list) -> None:
+    """From here on, every kernel launch compiles for `arch` and appends (name, kernel) to
+    `compiled` instead of running (kernel None with front_end_only)."""
+    driver.set_active(_TargetDriver(arch))
+    tuning.gpu_capability = lambda device: (arch // 10, arch % 10)
+
+    def compile_only(self, grid):
+        def launch(*args, **kwargs):
+            try:
+                kernel = self.run(*args, grid=grid, warmup=True, **kwargs)
+            except _FrontEndDone:
+                kernel = None
+            compiled.append((self.__name__, kernel))
+
+        return launch
+
+    JITFunction.__getitem__ = compile_only
+    if front_end_only:
+        from triton.backends.nvidia.compiler import CUDABackend
+
+        add_stages = CUDABackend.add_stages
+
+        def first_ir_only(self, stages, options, language):
+            add_stages(self, stages, options, language)
+            first = next(iter(stages))
+            for name in list(stages)[1:]:
+                del stages[name]
+
+            def stop(module, metadata):
+                raise _FrontEndDone
+
+            stages[first + "_done"] = stop
+
+        CUDABackend.add_stages = first_ir_only
+
+
+# ------------------------------------------------------------------ facts of a cubin
+_TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+# "/*0a70*/  @!P0 HGMMA.64x128x16.F32.BF16 ..." -> (address, opcode); "BRA 0x3c0" / "BRA `(.L_x_7)"
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
+_BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
+
+
+def _cuobjdump(kernel, *flags: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([str(_TOOLS / "cuobjdump"), *flags, f.name], capture_output=True,
+                              text=True, check=True).stdout  # fmt: skip
+
+
+def sass_instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of every SASS instruction, in address order."""
+    return [(int(a, 16), op, rest) for a, op, rest in _SASS_LINE.findall(sass)]
+
+
+def sass_facts(sass: str) -> dict:
+    """Tensor-core instruction counts and the main loop's length from cuobjdump -sass text."""
+    insts = sass_instructions(sass)
+    wgmma = sum(op.startswith("HGMMA") for _, op, _ in insts)
+    mma_sync = sum(op.startswith("HMMA") for _, op, _ in insts)
+    index = {addr: i for i, (addr, _, _) in enumerate(insts)}
+    loops = []  # (first, last) instruction index of each backward branch's body
+    for i, (addr, op, rest) in enumerate(insts):
+        target = _BRANCH_TARGET.search(rest) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) <= addr and int(target.group(1), 16) in index:
+            loops.append((index[int(target.group(1), 16)], i))
+    innermost = [
+        (lo, hi) for lo, hi in loops
+        if not any((a, b) != (lo, hi) and lo <= a and b <= hi for a, b in loops)
+    ]  # fmt: skip
+    tensor_core = [
+        (hi - lo + 1, sum(op.startswith(("LDL", "STL")) for _, op, _ in insts[lo : hi + 1]))
+        for lo, hi in innermost
+        if any(op.startswith(("HGMMA", "HMMA")) for _, op, _ in insts[lo : hi + 1])
+    ]  # fmt: skip
+    main_loop, loop_spills = min(tensor_core, default=(0, 0))
+    return dict(wgmma=wgmma, mma_sync=mma_sync, main_loop=main_loop, loop_spills=loop_spills)
+
+
+def kernel_facts(kernel) -> dict:
+    """Compile facts of a compiled kernel (see the module docstring)."""
+    usage = _cuobjdump(kernel, "-res-usage")
+    return dict(
+        registers=int(re.search(r"REG:(\d+)", usage).group(1)),
+        spill=int(re.search(r"STACK:(\d+)", usage).group(1)),
+        shared=kernel.metadata.shared,
+        warps=kernel.metadata.num_warps,
+        stages=kernel.metadata.num_stages,
+        loads="tma" if "cp.async.bulk.tensor" in kernel.asm["ptx"] else "pointer",
+        **sass_facts(_cuobjdump(kernel, "-sass")),
+    )
+
+
+# ------------------------------------------------------------------ launches
+def attention(*, head_dim, dtype, causal=True, varlen=False, sparse=False, dropout_p=0.0, seed=5,
+              softcap=0.0, alibi=False, deterministic=True, tma=None, gqa=False):  # fmt: skip
+    """One forward and one backward launch (real shapes are irrelevant: nothing runs);
+    deterministic=False: the atomic-dQ backward; tma True/False forces descriptor / pointer
+    loads, None leaves the choice to the tile config; gqa: two query heads per kv head (the
+    dK/dV kernel then loops over the group), else one."""
+    batch, seqlen, heads_q = 2, 256, 4
+    heads_kv = heads_q // 2 if gqa else heads_q
+    if varlen:
+        q = torch.empty(batch * seqlen, heads_q, head_dim, dtype=dtype)
+        k = torch.empty(batch * seqlen, heads_kv, head_dim, dtype=dtype)
+        cu = torch.tensor([0, 100, batch * seqlen], dtype=torch.int32)
+        lse = torch.empty(heads_q, batch * seqlen)
+    else:
+        q = torch.empty(batch, seqlen, heads_q, head_dim, dtype=dtype)
+        k = torch.empty(batch, seqlen, heads_kv, head_dim, dtype=dtype)
+        cu, lse = None, torch.empty(batch, heads_q, seqlen)
+    opts = dict(
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=seqlen,
+        max_seqlen_k=seqlen,
+        softmax_scale=head_dim**-0.5,
+        window_left=UNBOUNDED,
+        window_right=0 if causal else UNBOUNDED,
+        dropout_p=dropout_p,
+        seed=seed,
+        softcap=softcap,
+        alibi_slopes=torch.ones(batch, heads_q) if alibi else None,
+    )
+    if sparse:
+        layout = BlockSparseLayout(torch.ones(1, 2, 2, dtype=torch.bool), 128)
+        opts.update(tables=layout.tables(seqlen, seqlen, causal, "cpu").as_list(), block_size=128)
+    out = torch.empty_like(q)
+    grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
+    forced = tuning.forced_tma(tma) if tma is not None else _nothing()
+    with forced:
+        flash_forward(q, k, k, out, lse, **opts)
+        flash_backward(out, q, k, k, out, lse, *grads, deterministic=deterministic, **opts)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def default_launches():
+    """(tag, launch) of every production launch: dtype x head_dim x causal x dense/sparse x
+    backward mode (one query head per kv head), built-in tiles and load path; then grouped-query
+    attention (two query heads per kv head) at bf16, causal, dense."""
+    for dtype in (torch.bfloat16, torch.float16):
+        for head_dim in (64, 128):
+            for causal in (True, False):
+                for sparse in (False, True):
+                    for deterministic in (True, False):
+                        tag = " ".join((
+                            str(dtype).removeprefix("torch.").replace("bfloat16", "bf16")
+                            .replace("float16", "fp16"),
+                            f"d{head_dim}", "causal" if causal else "full",
+                            "sparse" if sparse else "dense",
+                            "deterministic" if deterministic else "atomic-dQ",
+                        ))  # fmt: skip
+                        yield tag, (lambda d=dtype, h=head_dim, c=causal, s=sparse, m=deterministic:
+                                    attention(head_dim=h, dtype=d, causal=c, sparse=s,
+                                              deterministic=m))  # fmt: skip
+    for head_dim in (64, 128):  # grouped-query attention: dK/dV loops over the group
+        for deterministic in (True, False):
+            tag = f"bf16 d{head_dim} causal dense gqa {'deterministic' if deterministic else 'atomic-dQ'}"
+            yield tag, (lambda h=head_dim, m=deterministic: attention(
+                head_dim=h, dtype=torch.bfloat16, deterministic=m, gqa=True))  # fmt: skip
+
+
+def feature_launches():
+    """(tag, launch): every feature flag at least once, and descriptors forced on and off; two
+    query heads per kv head (at d > 64 the dK/dV kernel splits the group on a GPU)."""
+    yield "dense fp16 d128", lambda: attention(gqa=True, head_dim=128, dtype=torch.float16)
+    yield (
+        "dense bf16 d64 full",
+        lambda: attention(gqa=True, head_dim=64, dtype=torch.bfloat16, causal=False),
+    )
+    yield "sparse bf16 d64 pointer", lambda: attention(gqa=True,
+        head_dim=64, dtype=torch.bfloat16, sparse=True, tma=False)  # fmt: skip
+    yield "dense bf16 d128 atomic dQ pointer", lambda: attention(gqa=True,
+        head_dim=128, dtype=torch.bfloat16, deterministic=False, tma=False)  # fmt: skip
+    yield "sparse bf16 d64 atomic dQ", lambda: attention(gqa=True,
+        head_dim=64, dtype=torch.bfloat16, sparse=True, deterministic=False)  # fmt: skip
+    yield "varlen fp16 d72 softcap alibi dropout tensor-seed", lambda: attention(gqa=True,
+        head_dim=72, dtype=torch.float16, varlen=True, softcap=30.0, alibi=True, dropout_p=0.1,
+        seed=torch.tensor([5]), deterministic=False)  # fmt: skip
+    yield "sparse fp32 d200 softcap alibi dropout", lambda: attention(gqa=True,
+        head_dim=200, dtype=torch.float32, sparse=True, softcap=5.0, alibi=True, dropout_p=0.2)  # fmt: skip
+    yield "dense bf16 d128 tma atomic dQ", lambda: attention(gqa=True,
+        head_dim=128, dtype=torch.bfloat16, deterministic=False, tma=True)  # fmt: skip
+    yield "varlen fp16 d72 tma dropout", lambda: attention(gqa=True,
+        head_dim=72, dtype=torch.float16, varlen=True, dropout_p=0.1, tma=True)  # fmt: skip
+    yield "sparse bf16 d64 tma", lambda: attention(gqa=True,
+        head_dim=64, dtype=torch.bfloat16, sparse=True, tma=True)  # fmt: skip
+    yield "dense fp32 d256 full", lambda: attention(gqa=True,
+        head_dim=256, dtype=torch.float32, causal=False, deterministic=False)  # fmt: skip
+    yield "dropout mask", lambda: dropout_keep_mask(torch.tensor([5]), 2, 4, 100, 70, 0.2, "cpu")
+    yield "dropout mask varlen int seed", lambda: dropout_keep_mask(
+        7, 2, 4, 100, 70, 0.2, "cpu", torch.tensor([0, 30, 100], dtype=torch.int32),
+        torch.tensor([0, 20, 70], dtype=torch.int32))  # fmt: skip
+
+
+LAUNCH_SETS = {"defaults": default_launches, "features": feature_launches}
+
+
+def compile_launches(launch_set: str, arch: int, front_end_only: bool, only: str = ""):
+    """Yield one dict per kernel compiled (launch tag, kernel name, arch, facts); a binary met
+    before in this run is not reported again."""
+    compiled: list = []
+    install(arch, front_end_only, compiled)
+    seen: set[str] = set()
+    for tag, launch in LAUNCH_SETS[launch_set]():
+        if only and only not in tag:
+            continue
+        launch()
+        for name, kernel in compiled:
+            line = dict(launch=tag, kernel=name, arch=arch)
+            if kernel is not None:
+                if kernel.hash in seen:
+                    continue
+                seen.add(kernel.hash)
+                line.update(kernel_facts(kernel))
+            yield line
+        compiled.clear()
+
+
+def _commit() -> str:
+    run = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], capture_output=True,
+                         text=True, cwd=Path(__file__).parent)  # fmt: skip
+    return run.stdout.strip() or "unknown"
+
+
+def markdown_report(lines: list[dict], arch: int, launch_set: str) -> str:
+    """The facts as a Markdown page: what made them, then one row per kernel binary."""
+    head = ["launch", "kernel", *FACT_COLUMNS]
+    rows = [
+        f"# Kernel compile report: sm_{arch}, `{launch_set}` launches",
+        "",
+        f"Compile-time facts for sm_{arch}, not a measurement: nothing here ran on a GPU. Made by "
+        f"`python scripts/kernel_compile.py --arch {arch} --launches {launch_set} --markdown ...` "
+        f"under Triton {triton.__version__}, torch {torch.__version__}, at commit `{_commit()}` "
+        "(a stand-in driver names the target; each launch compiles to a cubin). Columns: "
+        "registers per thread, spill (stack) bytes, shared memory bytes per block, warps, "
+        "pipeline stages, loads (`tma`: tensor-descriptor bulk copies in the PTX; `pointer`), "
+        "wgmma / mma_sync (SASS HGMMA / HMMA instructions), main_loop (SASS instructions of "
+        "the shortest innermost loop with tensor-core work: the unmasked steady state), "
+        "loop_spills (SASS LDL / STL in that loop: the spills that cost on every tile). A "
+        "binary met before in the run is not repeated (causal and full launches share the "
+        "backward kernels, and the forward does not depend on the backward mode).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for line in lines:
+        cells = [
+            line["launch"],
+            line["kernel"].removeprefix("flash_backward_").removeprefix("flash_"),
+        ]
+        for column in FACT_COLUMNS:
+            value = line.get(column, "")
+            cells.append(
+                f"{value:,}" if isinstance(value, int) and column == "shared" else str(value)
+            )
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 80, 90")
+    parser.add_argument("--launches", choices=sorted(LAUNCH_SETS), default="defaults")
+    parser.add_argument("--only", default="", help="only launches whose tag contains this text")
+    parser.add_argument("--front-end-only", action="store_true")
+    parser.add_argument("--markdown", type=Path, help="also write the facts as a table here")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise SystemExit("kernel_compile compiles; run it without TRITON_INTERPRET=1")
+    lines = []
+    for line in compile_launches(args.launches, args.arch, args.front_end_only, args.only):
+        print(json.dumps(line), flush=True)
+        lines.append(line)
+    if args.markdown:
+        tmp = args.markdown.with_name(args.markdown.name + ".tmp")
+        tmp.write_text(markdown_report(lines, args.arch, args.launches))
+        tmp.replace(args.markdown)
+
+
+if __name__ == "__main__":
+    main()
