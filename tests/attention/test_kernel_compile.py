@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
-
 from flashtrain.lab.kernel_compile import FACT_COLUMNS as FACTS
 from flashtrain.lab.kernel_compile import sass_facts
+
+pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
 
 REPO = Path(__file__).resolve().parents[2]
 # 6 deterministic attention launches (forward, preprocess, dK/dV, dQ), 5 with the atomic-dQ
