@@ -20,15 +20,15 @@ def allowed(rows, cols, seqlen_k, band):
 
 
 @triton.jit
-def finite_part(x, seen):
-    """For a tile of values x (BLOCK_N, BLOCK_D) of which each query row sees only some (`seen`,
-    (BLOCK_M, BLOCK_N)): x with its NaN/inf entries zeroed, so that a row's p = 0 on an entry
-    it cannot see gives 0 and not NaN, and the bool (BLOCK_M,) of the rows that see a non-finite
-    entry, to be set NaN (whole rows: two reductions, no extra dot or accumulator)."""
+def finite_keys(x):
+    """For a tile of values x (BLOCK_N, BLOCK_D): x with its NaN/inf entries zeroed, so that a
+    row's p = 0 on a key it cannot see gives 0 and not 0 * NaN, and the bool (BLOCK_N,) of the
+    keys that had one. The caller writes NaN into the scores of the rows that see such a key,
+    so those rows (and only those) become NaN through the softmax: no (BLOCK_M, BLOCK_N) mask
+    stays live past the scores."""
     finite = tl.abs(x.to(tl.float32)) < float("inf")  # False for NaN and +-inf
-    key_bad = tl.max(tl.where(finite, 0, 1), 1)  # (BLOCK_N,)
-    seen_bad = tl.max(tl.where(seen & (key_bad[None, :] > 0), 1, 0), 1) > 0  # (BLOCK_M,)
-    return tl.where(finite, x, 0.0).to(x.dtype), seen_bad
+    key_bad = tl.max(tl.where(finite, 0, 1), 1) > 0  # (BLOCK_N,)
+    return tl.where(finite, x, 0.0).to(x.dtype), key_bad
 
 
 @triton.jit

@@ -50,8 +50,8 @@ def locate_program(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, h
     b = pid_bh // heads
     q_start, seqlen_q = sequence_bounds(CU_SEQLENS_Q, b, seqlen_q_fixed, IS_VARLEN)
     k_start, seqlen_k = sequence_bounds(CU_SEQLENS_K, b, seqlen_k_fixed, IS_VARLEN)
-    # the head as int64: head * head stride passes 2^31 in a head-major view of a long sequence
-    return tile, b, (pid_bh % heads).to(tl.int64), q_start, seqlen_q, k_start, seqlen_k
+    # the head stays int32 (scores, seeds, tables); offsets cast it to int64 where they form
+    return tile, b, pid_bh % heads, q_start, seqlen_q, k_start, seqlen_k
 
 
 def heavy_first(window_left: int, window_right: int) -> bool:

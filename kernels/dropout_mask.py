@@ -30,7 +30,7 @@ def dropout_mask_kernel(
         return
     seed_bh = head_seed(SEED, seed, b, h, heads, SEED_IN_MEMORY)
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    base = MASK + b.to(tl.int64) * stride_mb + h * stride_mh
+    base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     for n0 in range(0, seqlen_k, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         keep = dropout_keep(seed_bh, offs_m[:, None], offs_n[None, :], seqlen_k, dropout_p)

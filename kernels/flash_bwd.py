@@ -52,7 +52,7 @@ def flash_backward_preprocess(
     o = load_rows(o_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, False)
     do = load_rows(do_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(DELTA + b.to(tl.int64) * stride_lb + h * stride_lh + q_start + offs_m, delta,
+    tl.store(DELTA + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, delta,
              mask=offs_m < seqlen_q)
 
 

@@ -71,8 +71,7 @@ def _dkdv_segment(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, off
                                          SOFTCAP, ALIBI)
         p_t = tl.math.exp2(qk_t * pending - lse[None, :])
         if MASKED:
-            seen_t = allowed(offs_m[None, :], offs_n[:, None], seqlen_k, band)
-            p_t = tl.where(seen_t, p_t, 0.0)
+            p_t = tl.where(allowed(offs_m[None, :], offs_n[:, None], seqlen_k, band), p_t, 0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M)
         if HAS_DROPOUT:
             seed_bh, dropout_p = dropout
@@ -86,8 +85,9 @@ def _dkdv_segment(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_acc, off
         ds_t = p_t * (dp_t - delta[None, :])
         if SOFTCAP:  # through the cap: d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2
             ds_t = ds_t * (1.0 - capped_t * capped_t)
-        if MASKED:  # masked entries never contribute (a NaN of V through dp_t)
-            ds_t = tl.where(seen_t, ds_t, 0.0)
+        if MASKED:  # masked entries never contribute (a NaN of V through dp_t); p_t is 0 there,
+            # and testing it keeps no (BLOCK_N, BLOCK_M) mask live across the dp_t product
+            ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
         if ATOMIC_DQ:  # 5 matmuls per tile instead of the dQ kernel's recomputation (7 in all)
             # Transposed, dQ^T = K^T dS^T: the held K tile is the A operand (from shared memory)
@@ -167,7 +167,7 @@ def flash_backward_dkdv_kernel(
                           HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
         do_src = head_rows(DO, (stride_dob, stride_dom, stride_doh), b, q_start, h, seqlen_q,
                            HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-        stats_at = b.to(tl.int64) * stride_lb + h * stride_lh + q_start
+        stats_at = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
         dq_acc = head_rows(DQ_ACC, (stride_dqab, stride_dqam, stride_dqah), b, q_start, h,
                            seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, DQ_TMA)
         scores, dropout = head_features(ALIBI_SLOPES, SEED, seed, b, h, heads_q, scale_log2,

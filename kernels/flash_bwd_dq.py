@@ -103,7 +103,7 @@ def flash_backward_dq_kernel(
                        HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     q = load_rows(q_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)  # (BLOCK_M, BLOCK_D)
     do = load_rows(do_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-    stats_at = b.to(tl.int64) * stride_lb + h * stride_lh + q_start
+    stats_at = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
     lse, delta = load_row_stats(LSE + stats_at, DELTA + stats_at, offs_m, seqlen_q, True)
     k_src = head_rows(K, (stride_kb, stride_kn, stride_kh), b, k_start, h_kv, seqlen_k,
                       HEAD_DIM, BLOCK_N, BLOCK_D, TMA)

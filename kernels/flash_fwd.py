@@ -12,7 +12,7 @@ partial ones masked and full ones not (flashtrain.kernels.visit_plan).
 import triton
 import triton.language as tl
 
-from flashtrain.kernels.band import allowed, finite_part, key_block_range
+from flashtrain.kernels.band import allowed, finite_keys, key_block_range
 from flashtrain.kernels.common import (
     LN2,
     dot_precision,
@@ -50,7 +50,11 @@ def _forward_segment(acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, sco
             qk, _ = tile_scores(qk, offs_m[:, None], offs_n[None, :], band[0], scores, SOFTCAP, ALIBI)
         if MASKED:
             seen = allowed(offs_m[:, None], offs_n[None, :], seqlen_k, band)
-            qk = tl.where(seen, qk, float("-inf"))
+            # Masked entries never contribute, not even as 0 * NaN (docs/attention_semantics.md):
+            # V's non-finite entries are zeroed and a row that sees such a key gets a NaN score.
+            v = load_rows(v_src, start_n, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
+            v, key_bad = finite_keys(v)
+            qk = tl.where(seen, tl.where(key_bad[None, :], float("nan"), qk), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * pending)
         if MASKED:
             # A row with nothing allowed so far keeps m = -inf; shift by 0 to avoid inf - inf.
@@ -64,12 +68,9 @@ def _forward_segment(acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, sco
         if HAS_DROPOUT:
             seed_bh, dropout_p = dropout
             p = tl.where(dropout_keep(seed_bh, offs_m[:, None], offs_n[None, :], seqlen_k, dropout_p), p, 0.0)
-        v = load_rows(v_src, start_n, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
-        if MASKED:  # masked entries never contribute, not even as 0 * NaN (docs/attention_semantics.md)
-            v, seen_bad = finite_part(v, seen)
+        if not MASKED:
+            v = load_rows(v_src, start_n, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-        if MASKED:
-            acc = tl.where(seen_bad[:, None], float("nan"), acc)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -154,7 +155,7 @@ def flash_forward_kernel(
     o_src = head_rows(O, (stride_ob, stride_om, stride_oh), b, q_start, h, seqlen_q,
                       HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     store_rows(o_src, m0, out, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-    lse_base = LSE + b.to(tl.int64) * stride_lb + h * stride_lh + q_start
+    lse_base = LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
     tl.store(lse_base + offs_m, lse, mask=offs_m < seqlen_q)
 
 

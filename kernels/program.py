@@ -46,5 +46,6 @@ def head_rows(BASE, strides, b, row0, h, n_rows, HEAD_DIM: tl.constexpr, BLOCK_R
     a (batch, seq, head, head_dim) tensor with strides = (batch, seq, head) strides; offsets in
     int64 (a batch or a packed sequence can pass 2**31 elements)."""
     stride_b, stride_row, stride_h = strides
-    base = BASE + b.to(tl.int64) * stride_b + row0.to(tl.int64) * stride_row + h * stride_h
+    base = (BASE + b.to(tl.int64) * stride_b + row0.to(tl.int64) * stride_row
+            + h.to(tl.int64) * stride_h)  # a head-major view of a long sequence passes 2^31
     return rows_source(base, stride_row, n_rows, HEAD_DIM, BLOCK_R, BLOCK_D, TMA)

@@ -58,6 +58,7 @@ ALLOWED = {
     "lab.gpu_suite": LAB_BASE | {"lab.bench"},
     "lab.prepare_data": LAB_BASE,
     "lab.make_pathfinder": LAB_BASE,
+    "lab.kernel_compile": LAB_BASE,
 }
 
 
