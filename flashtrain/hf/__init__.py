@@ -1,7 +1,8 @@
 """Hugging Face interop: flashtrain models in and out of transformers' format, and flashtrain's
 attention inside transformers models.
 
-    from flashtrain.hf import to_hf, from_hf, export_checkpoint, register
+    from flashtrain.hf import to_hf, from_hf, register
+    from flashtrain.hf.export import export_checkpoint   # above flashtrain.train: reads checkpoints
     hf_model = to_hf(model)                      # GPT2LMHeadModel / BertForMaskedLM / ...
     model = from_hf("path/or/hub-id")            # or from a transformers model object
     export_checkpoint("run/checkpoints", "out")  # a folder from_pretrained loads (export.py)
@@ -12,12 +13,13 @@ safetensors); transformers and safetensors are the `hf` extra: pip install -e ".
 """
 
 from flashtrain.hf.convert import from_hf, hf_config_dict, to_hf
+from flashtrain.hf.init_from import hf_init_state  # registers model.init_from=hf:...
 from flashtrain.hf.registry import MAPPINGS, mapping_for, mapping_for_hf
 
 __all__ = [
     "MAPPINGS",
-    "export_checkpoint",
     "from_hf",
+    "hf_init_state",
     "hf_config_dict",
     "mapping_for",
     "mapping_for_hf",
@@ -31,10 +33,3 @@ def register() -> str:
     from flashtrain.hf.attention import register as _register
 
     return _register()
-
-
-def export_checkpoint(checkpoint, out_dir, **options):
-    """A flashtrain checkpoint -> a transformers folder (flashtrain/hf/export.py)."""
-    from flashtrain.hf.export import export_checkpoint as _export
-
-    return _export(checkpoint, out_dir, **options)

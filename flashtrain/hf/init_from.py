@@ -1,5 +1,5 @@
 """model.init_from=hf:PATH_OR_ID: a configured model's starting weights from a transformers
-checkpoint (flashtrain.models.transformer calls this while initialising).
+checkpoint (registered as the models' "hf:" init source on import: flashtrain/models/init_sources.py).
 
 The checkpoint's architecture must match the configured model's field for field (a mismatch is
 refused naming the field). Learned positions: a longer context than the checkpoint's resizes
@@ -17,6 +17,7 @@ import torch
 from flashtrain.hf.convert import complete_state, first_positions
 from flashtrain.hf.registry import mapping_for
 from flashtrain.hf.source import read_config, read_weights, resolve_source
+from flashtrain.models.init_sources import register_init_source
 
 PREFIX = "hf:"
 log = logging.getLogger("flashtrain.hf")
@@ -50,3 +51,6 @@ def hf_init_state(ref: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
             ", ".join(fresh[:4]),
         )
     return complete_state(state, model)
+
+
+register_init_source(PREFIX, hf_init_state)

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from flashtrain.models.attention_layers import Attention, AttentionContext, build_attention
 from flashtrain.models.config import TransformerConfig
+from flashtrain.models.init_sources import init_source_for
 from flashtrain.models.positions import apply_rotary, resize_position_tables
 from flashtrain.models.qkv import split_qkv_projection
 
@@ -123,15 +124,15 @@ class TransformerModel(nn.Module):
 
     def initialize(self) -> None:
         """Fresh weights (init_weights), then model.init_from's checkpoint if one is configured
-        (a torch state dict or trainer checkpoint file, or hf:PATH_OR_ID: flashtrain.hf).
+        (a torch state dict or trainer checkpoint file, or a registered source such as
+        hf:PATH_OR_ID: flashtrain/models/init_sources.py).
 
         Runs at construction; a model built under `torch.device("meta")` runs it after
         `to_empty(device=...)` (FSDP2-style deferred init)."""
         self.init_weights()
-        if self.config.init_from and self.config.init_from.startswith("hf:"):
-            from flashtrain.hf.init_from import hf_init_state  # transformers-format weights
-
-            state = hf_init_state(self.config.init_from, self)
+        load = init_source_for(self.config.init_from) if self.config.init_from else None
+        if load is not None:  # e.g. hf:PATH_OR_ID (registered by flashtrain.hf.init_from)
+            state = load(self.config.init_from, self)
             self.load_state_dict_extended(state, mode=self.config.init_positions)
         elif self.config.init_from:
             state = torch.load(self.config.init_from, map_location="cpu", weights_only=True)

@@ -162,6 +162,8 @@ class Trainer:
         set_seed(cfg.seed)
         # A dry run (max_steps=0) builds the model on the meta device: counts without weights.
         meta = torch.device("meta") if self.dry_run else contextlib.nullcontext()
+        if str(cfg.model.init_from or "").startswith("hf:"):  # transformers weights: flashtrain.hf
+            import flashtrain.hf  # noqa: F401  (registers the models' hf: init source)
         with from_config("model"), meta:
             model = self.cp.build_model(cfg.model, cfg.attention)  # ring attention when cp > 1
         self.num_params = int(model.num_parameters())

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hf_testing import TINY_RUN, run_train, step_losses, tiny_bert_mlm
 
+import flashtrain.hf  # noqa: F401  (registers model.init_from=hf:...)
 from flashtrain.models import build_model
 from flashtrain.models.positions import resize_positions
 

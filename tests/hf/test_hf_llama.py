@@ -121,7 +121,7 @@ def test_init_from_a_llama_folder_at_a_longer_context(tmp_path):
 def test_export_of_a_llama_checkpoint(tmp_path):
     from hf_testing import save_model_checkpoint
 
-    from flashtrain.hf import export_checkpoint
+    from flashtrain.hf.export import export_checkpoint
     from flashtrain.models import build_model
 
     torch.manual_seed(3)

@@ -20,11 +20,24 @@ LIBRARY = {
     "plots": {"data"},  # matplotlib figures for the reports (lab) and evaluate (inference)
     "kernels": set(),
     "attention": {"kernels", "typed_config"},
-    # models -> hf only lazily, for model.init_from=hf:... (flashtrain.hf.init_from)
-    "models": {"attention", "kernels", "typed_config", "hf"},
+    "models": {"attention", "kernels", "typed_config"},
     "data": {"typed_config", "file_integrity"},
-    "train": {"models", "data", "attention", "kernels", "typed_config", "file_integrity", "utils"},
-    "hf": {
+    # train -> hf lazily, for model.init_from=hf:... (flashtrain.hf.init_from registers it)
+    "train": {
+        "models",
+        "data",
+        "attention",
+        "kernels",
+        "typed_config",
+        "file_integrity",
+        "utils",
+        "hf",
+    },
+    # hf: the weight mappings, from_hf / to_hf, init_from, the attention registration
+    "hf": {"models", "data", "attention", "kernels", "typed_config", "file_integrity", "utils"},
+    # hf.export: a trainer checkpoint -> a transformers folder (reads checkpoints through train)
+    "hf.export": {
+        "hf",
         "models",
         "data",
         "train",
@@ -95,11 +108,16 @@ def _imports(path: Path, name: str, top_level_only: bool) -> set[str]:
     return {m for m in found if m.startswith("flashtrain")}
 
 
+HF_EXPORT = {"flashtrain.hf.export", "flashtrain.hf.checkpoint_model"}  # above train
+
+
 def _package(module: str) -> str:
     """flashtrain.train.trainer -> "train"; flashtrain.lab.bench.measure -> "lab.bench"."""
     parts = module.split(".")
     if parts[1:2] == ["lab"]:
         return ".".join(parts[1:3])
+    if module in HF_EXPORT:
+        return "hf.export"
     return parts[1] if len(parts) > 1 else ""
 
 
