@@ -1,6 +1,7 @@
-"""GPT-2 training throughput for the GPU suite: the real trainer (flashtrain.train.Trainer on a
-Hydra-composed configs/train.yaml), tokens/s, MFU and peak memory from its metrics file, and a
-torch.profiler split of a few steps into loss, matmuls, attention, elementwise and idle."""
+"""Training throughput for the GPU suite (GPT-2 small, Llama ~125M): the real trainer
+(flashtrain.train.Trainer on a Hydra-composed configs/train.yaml), tokens/s, MFU and peak memory
+from its metrics file, and a torch.profiler split of a few steps into loss, matmuls, attention,
+elementwise and idle."""
 
 from __future__ import annotations
 
@@ -32,9 +33,19 @@ def compose(overrides: list[str]):
         return hydra_compose("train", overrides=list(overrides))
 
 
-def overrides_for(seqlen: int, attention: str, compile_: bool, steps: int, dry_run: bool):
-    """GPT-2 small (vocab 50257) on the synthetic data, ~16K tokens a step; the dry run shrinks
-    everything to the tiny model on CPU."""
+# The measured models at GPT-2's vocabulary (so the two compare at the same size), and the tiny
+# stand-ins of the dry run.
+MODELS = {"gpt2": ("model=gpt2",), "llama-125m": ("model=llama-125m",)}
+DRY_MODELS = {
+    "gpt2": ("model=gpt2-tiny", "model.n_layer=2", "model.n_head=2", "model.d_model=64"),
+    "llama-125m": ("model=llama-tiny", "model.n_layer=2", "model.d_model=64"),
+}
+
+
+def overrides_for(model: str, seqlen: int, attention: str, compile_: bool, steps: int,
+                  dry_run: bool) -> list[str]:  # fmt: skip
+    """`model` (a MODELS key) on the synthetic data, ~16K tokens a step; the dry run shrinks
+    everything to the tiny model of the same family on CPU."""
     base = [
         f"attention={attention}",
         f"seq_len={seqlen}",
@@ -50,13 +61,11 @@ def overrides_for(seqlen: int, attention: str, compile_: bool, steps: int, dry_r
         "data=synthetic",
     ]
     if dry_run:
-        return base + [
-            "model=gpt2-tiny", "model.n_layer=2", "model.n_head=2", "model.d_model=64",
-            "micro_batch_size=2", "global_batch_size=2", "trainer.device=cpu",
-        ]  # fmt: skip
+        return base + [*DRY_MODELS[model], "micro_batch_size=2", "global_batch_size=2",
+                       "trainer.device=cpu"]  # fmt: skip
     micro = max(1, 16384 // seqlen)
     return base + [
-        "model=gpt2",
+        *MODELS[model],
         "data.vocab_size=50257",
         f"micro_batch_size={micro}",
         f"global_batch_size={micro}",
@@ -94,12 +103,12 @@ def step_split(prof, cuda: bool) -> dict[str, float]:
     return {k: round(v, 3) for k, v in split.items()}
 
 
-def run_training(seqlen, attention, compile_, steps, run_dir: Path, dry_run: bool) -> dict:
+def run_training(model, seqlen, attention, compile_, steps, run_dir: Path, dry_run: bool) -> dict:
     """One trainer run: median tokens/s and MFU of the steps before the profiled ones, peak
     memory, and the profiler split of the last few steps."""
     from flashtrain.train import Trainer
 
-    cfg = compose(overrides_for(seqlen, attention, compile_, steps, dry_run))
+    cfg = compose(overrides_for(model, seqlen, attention, compile_, steps, dry_run))
     cuda = torch.cuda.is_available() and not dry_run
     active = max(1, min(4, steps // 4))
     wait = steps - active - 1
@@ -130,6 +139,7 @@ def run_training(seqlen, attention, compile_, steps, run_dir: Path, dry_run: boo
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in rows if "tokens_per_s" in r and 2 < r["step"] <= wait] or rows[-1:]
     return {
+        "model": model,
         "seqlen": seqlen,
         "attention": attention,
         "compile": compile_,

@@ -1,12 +1,13 @@
 """The whole GPU protocol, streamed into the folder that comes back (issue 20).
 
     python scripts/gpu_suite.py --out "$OUT" --budget-min 9          # call 1: every headline figure
-    python scripts/gpu_suite.py --out "$OUT" --budget-min 9 --sections sweep
-    python scripts/gpu_suite.py --out "$OUT" --budget-min 8 --sections pytest
+    python scripts/gpu_suite.py --out "$OUT" --budget-min 3 --sections llama decode   # call 2, warm
+    python scripts/gpu_suite.py --out "$OUT" --budget-min 6 --sections sweep
+    python scripts/gpu_suite.py --out "$OUT" --budget-min 4 --sections pytest
     python scripts/gpu_suite.py --dry-run --out /tmp/suite           # toy sizes on CPU, no figure
 
 Default sections, in order of value: environment, peaks, correctness, attention, training, long,
-then the sweep with what is left of the budget (pytest runs only when named). OUT gets at most
+then the sweep with what is left of the budget (llama, decode and pytest run only when named). OUT gets at most
 7 files, flat: suite.json and summary.md (rewritten atomically after every measurement), the
 sweep's tuning-table-<gpu>.json, pytest.log and pytest-junit.xml, two attention plots. SIGINT or
 SIGTERM stops at the next measurement boundary and still writes (a second one at once). Exit
@@ -32,11 +33,14 @@ from flashtrain.lab.gpu_suite.record import Record, SectionFailed
 from flashtrain.lab.gpu_suite.summary import derive, summary_markdown
 
 DEFAULT = ("environment", "peaks", "correctness", "attention", "training", "long", "sweep")
-ALL = (*DEFAULT, "pytest")
-# Shares of the budget left (minutes of a 9-minute call, roughly what each needs on an H100
-# from a cold start); the sweep and pytest get whatever is left when they start.
+# Named sections run in this order whatever the command line's: the sweep and pytest take what
+# is left, so they come last.
+ALL = ("environment", "peaks", "correctness", "attention", "training", "long", "llama", "decode",
+       "sweep", "pytest")  # fmt: skip
+# Shares of the budget left (minutes of a call, roughly what each needs on an H100 from a cold
+# start); the sweep and pytest get whatever is left when they start.
 SHARE = {"environment": 0.1, "peaks": 0.2, "correctness": 1.2, "attention": 3.0, "training": 3.8,
-         "long": 0.5}  # fmt: skip
+         "long": 0.5, "llama": 2.0, "decode": 0.6}  # fmt: skip
 PYTEST_ARGS = "-m gpu tests"
 
 
@@ -125,7 +129,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.budget_min <= 0:
         p.error(f"--budget-min must be > 0, got {args.budget_min}")
-    args.sections = [s for s in ALL if s in args.sections]  # always the protocol's order
+    # always the protocol's order, and always the environment: every call's files name the GPU
+    args.sections = [s for s in ALL if s in args.sections or s == "environment"]
     return args
 
 

@@ -10,6 +10,7 @@ is on disk the moment it finishes). Sizes are the real ones on a GPU and toys in
                  (the only FlexAttention compile of the suite)
     training     GPT-2 small at 1K through the trainer, compiled, flash vs sdpa: tokens/s and MFU
     long         64K tokens fwd+bwd: time and peak memory
+    llama        Llama ~125M (GQA, rotary) at 16K and 1K through the trainer, eager, flash vs sdpa
     sweep        descriptor-load correctness, then the tile configs; the per-GPU table as it goes
     pytest       `pytest -m gpu` with its own budget, its log and junit kept
 """
@@ -37,7 +38,7 @@ from flashtrain.lab.gpu_suite.record import Record, Section, SectionFailed
 
 # The Python modules each section needs beyond torch and triton (the GPU image lacks hydra):
 # a missing one is named at start and fails only the sections that need it.
-NEEDS = {"training": ("hydra", "omegaconf"), "pytest": ("pytest",)}
+NEEDS = {"training": ("hydra", "omegaconf"), "llama": ("hydra", "omegaconf"), "pytest": ("pytest",)}
 OPTIONAL = ("matplotlib",)  # the plots; without it the figures are in suite.json and summary.md
 WHEELS_HINT = "carry their wheels in .whl/ (docs/gpu_session.md)"
 PYTEST_JUNIT, PYTEST_LOG = "pytest-junit.xml", "pytest.log"
@@ -60,6 +61,8 @@ class Sizes:
     train_seqlen: int
     train_steps: int
     train_compile: bool
+    llama_seqlens: tuple[int, ...]  # the long context first
+    llama_steps: int
     sweep_seqlen: int
     rep: int
 
@@ -67,9 +70,10 @@ class Sizes:
     def for_run(cls, dry: bool, rep: int) -> Sizes:
         if dry:  # toys on CPU: the code paths, no figure
             return cls(torch.float32, (32, 16), (64, 128), 256, 64, (256, 64, 1), 256, 8,
-                       (1, 256, 2, 16), 64, 6, False, 64, 2)  # fmt: skip
+                       (1, 256, 2, 16), 64, 6, False, (64,), 6, 64, 2)  # fmt: skip
         return cls(torch.bfloat16, (128, 64), (4096, 16384), 16384, 2048, (16384, 128, 8), 8192,
-                   1024, (1, 65536, 16, 128), 1024, 20, True, 4096, rep)  # fmt: skip
+                   1024, (1, 65536, 16, 128), 1024, 20, True, (16384, 1024), 12, 4096,
+                   rep)  # fmt: skip
 
 
 @dataclass
@@ -255,23 +259,22 @@ def blocksparse(suite: Suite, sec: Section, names: list[str]) -> None:
 # ---- training, long ----------------------------------------------------------------------------
 
 
-def section_training(suite: Suite, sec: Section) -> None:
-    z = suite.sizes
-    mode = "compiled" if z.train_compile else "eager (dry run)"
-    names = [f"gpt2 S={z.train_seqlen} {a} {mode}" for a in ("flash", "sdpa")]
-    sec.plan(names)
+def _trainer_runs(suite: Suite, sec: Section, runs) -> None:
+    """runs: (name, model, seqlen, attention, compile) rows, each one trainer run measured."""
+    sec.plan([r[0] for r in runs])
     missing = missing_modules(NEEDS["training"])
     if missing:
         raise SectionFailed(f"{', '.join(missing)} missing: {WHEELS_HINT}")
     from flashtrain.train.faults import Preempted
 
-    for name, attention in zip(names, ("flash", "sdpa")):
+    steps = suite.sizes.train_steps if sec.name == "training" else suite.sizes.llama_steps
+    for name, model, seqlen, attention, compile_ in runs:
 
-        def run(attention=attention):
+        def run(model=model, seqlen=seqlen, attention=attention, compile_=compile_):
             with tempfile.TemporaryDirectory(prefix="suite-train-") as run_dir:
                 try:
-                    return training.run_training(z.train_seqlen, attention, z.train_compile,
-                                                 z.train_steps, Path(run_dir), suite.dry)  # fmt: skip
+                    return training.run_training(model, seqlen, attention, compile_, steps,
+                                                 Path(run_dir), suite.dry)  # fmt: skip
                 except Preempted:  # the trainer took the SIGTERM: stop the suite too
                     suite.record.stop("stopped by SIGTERM")
                     raise
@@ -280,7 +283,20 @@ def section_training(suite: Suite, sec: Section) -> None:
 
         row = sec.measure(name, run)
         if row:
-            print(f"  {name}: {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu_percent']}%")
+            print(f"  {name}: {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu_percent']:.1f}%")
+
+
+def section_training(suite: Suite, sec: Section) -> None:
+    z = suite.sizes
+    mode = "compiled" if z.train_compile else "eager (dry run)"
+    _trainer_runs(suite, sec, [(f"gpt2 S={z.train_seqlen} {a} {mode}", "gpt2", z.train_seqlen, a,
+                                z.train_compile) for a in ("flash", "sdpa")])  # fmt: skip
+
+
+def section_llama(suite: Suite, sec: Section) -> None:
+    """Eager: a compile of each shape would cost more than this section's share of a call."""
+    _trainer_runs(suite, sec, [(f"llama-125m S={s} {a} eager", "llama-125m", s, a, False)
+                               for s in suite.sizes.llama_seqlens for a in ("flash", "sdpa")])  # fmt: skip
 
 
 def section_long(suite: Suite, sec: Section) -> None:
@@ -403,6 +419,7 @@ SECTIONS = {
     "attention": section_attention,
     "training": section_training,
     "long": section_long,
+    "llama": section_llama,
     "sweep": section_sweep,
     "pytest": section_pytest,
 }

@@ -69,13 +69,13 @@ def _targets(sec: dict) -> list[str]:
     return lines
 
 
-def _training(sec: dict) -> list[str]:
-    lines = ["", "## GPT-2 training", "",
-             "| seqlen | attention | compile | tokens/s | MFU % | peak GiB | step split (ms) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+def _training(sec: dict, title: str) -> list[str]:
+    lines = ["", f"## {title}", "",
+             "| model | seqlen | attention | compile | tokens/s | MFU % | peak GiB | step split (ms) |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in sec.get("rows", []):
         split = ", ".join(f"{k} {v}" for k, v in r.get("step_split_ms", {}).items())
-        lines.append(f"| {r['seqlen']} | {r['attention']} | {r['compile']} | "
+        lines.append(f"| {r.get('model', 'gpt2')} | {r['seqlen']} | {r['attention']} | {r['compile']} | "
                      f"{_fmt(r.get('tokens_per_s'), 0)} | {_fmt(r.get('mfu_percent'), 1)} | "
                      f"{_fmt(r.get('peak_allocated_gib'))} | {split} |")  # fmt: skip
     return lines
@@ -130,9 +130,11 @@ def summary_markdown(state: dict) -> str:
             table = results.markdown_table(rows, env, "Attention").split("\n", 3)[-1]
             lines += ["", "## Attention (TFLOP/s)" + (DRY if env_dry else ""), table]
     if "training" in sections:
-        lines += _training(sections["training"])
+        lines += _training(sections["training"], "GPT-2 training")
     if "long" in sections:
         lines += _long(sections["long"])
+    if "llama" in sections:
+        lines += _training(sections["llama"], "Llama training")
     if "sweep" in sections:
         lines += _sweep(sections["sweep"])
     if "pytest" in sections:
