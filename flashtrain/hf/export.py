@@ -1,6 +1,6 @@
 """A flashtrain checkpoint -> a folder transformers' from_pretrained loads with no custom code.
 
-    export_checkpoint("outputs/.../checkpoints", "my-model")     # scripts/export_hf.py
+    export_checkpoint("outputs/2026-01-01/12-00-00", "my-model")     # scripts/export_hf.py
 
 Writes config.json, model.safetensors (sharded with an index above max_shard_size),
 generation_config.json for decoders, the run's tokenizer files when it used a Hugging Face
@@ -37,10 +37,10 @@ def export_checkpoint(
     tokenizer: bool = True,
     overwrite: bool = False,
 ) -> Path:
-    """Export `checkpoint` (a step folder, or a checkpoints folder: its newest intact one) to
-    `out_dir`. dtype: float32 | bfloat16 | float16 (default: as saved). tokenizer=False skips
-    the tokenizer files (e.g. when the vocabulary files are not on this machine). Returns
-    out_dir. Refuses an existing out_dir unless overwrite."""
+    """Export `checkpoint` (a step folder, or a checkpoints folder or run directory: its newest
+    intact one) to `out_dir`. dtype: float32 | bfloat16 | float16 (default: as saved).
+    tokenizer=False skips the tokenizer files (e.g. when the vocabulary files are not on this
+    machine). Returns out_dir. Refuses an existing out_dir unless overwrite."""
     out = Path(out_dir).absolute()
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")

@@ -135,6 +135,22 @@ def resolve_resume(
     raise CheckpointError(f"trainer.resume={resume}: no such checkpoint directory")
 
 
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint a command after training names (export, generate, evaluate), its files
+    checked: a step_NNNNNN folder, a checkpoints folder (its newest) or a run directory (its
+    checkpoints/ folder's newest)."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise CheckpointError(
+            f"checkpoint {path} {what}; name a step_NNNNNN folder, a run's checkpoints folder "
+            "or the run directory"
+        )
+    if (path / "checkpoints").is_dir() and not (path / META).exists():
+        path = path / "checkpoints"  # a run directory
+    return resolve_resume(str(path), path)
+
+
 def _newest_intact(root: str | os.PathLike, allow_unverified: bool) -> Path | None:
     found = find_checkpoints(root)
     for info in reversed(found):

@@ -31,9 +31,10 @@ def flashtrain_logits(model, ids):
 
 
 def test_exported_run_loads_with_from_pretrained(trained, tmp_path):
+    """The run directory as CKPT (its checkpoints/ folder's newest), as README shows."""
     out = tmp_path / "exported"
     res = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(trained / "checkpoints"), str(out)],
+        [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(trained), str(out)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
@@ -158,6 +159,9 @@ def test_refusals(tmp_path, trained, capsys):
     assert script["main"]([str(trained / "checkpoints"), str(tmp_path / "taken")]) == 2
     assert "exists; pass overwrite=True (--overwrite)" in capsys.readouterr().err
     export_checkpoint(trained / "checkpoints", tmp_path / "taken", overwrite=True)
+    assert script["main"]([str(tmp_path / "absent"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "absent does not exist; name a step_NNNNNN folder" in err and "trainer.resume" not in err
     assert (tmp_path / "taken" / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "taken"]
 
