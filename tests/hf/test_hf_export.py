@@ -1,11 +1,11 @@
-"""scripts/export_hf.py: a trained checkpoint becomes a folder from_pretrained loads, computing
-flashtrain's logits; sharded (DCP) checkpoints, tokenizer files, byte-level notes, refusals."""
+"""scripts/export_hf.py (flashtrain.hf.export_cli): a trained checkpoint becomes a folder
+from_pretrained loads, computing flashtrain's logits; sharded (DCP) checkpoints, tokenizer files,
+byte-level notes, refusals."""
 
 from __future__ import annotations
 
 import json
 import os
-import runpy
 import socket
 import subprocess
 import sys
@@ -16,6 +16,7 @@ from hf_testing import REPO, TINY_RUN, rel_err, save_model_checkpoint, transform
 
 from flashtrain.hf.checkpoint_model import load_checkpoint_model
 from flashtrain.hf.export import export_checkpoint
+from flashtrain.hf.export_cli import main
 from flashtrain.models import build_model
 
 
@@ -155,11 +156,10 @@ def test_refusals(tmp_path, trained, capsys):
         export_checkpoint(ckpt, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     (tmp_path / "taken").mkdir()
-    script = runpy.run_path(str(REPO / "scripts" / "export_hf.py"))  # the shim, in-process
-    assert script["main"]([str(trained / "checkpoints"), str(tmp_path / "taken")]) == 2
+    assert main([str(trained / "checkpoints"), str(tmp_path / "taken")]) == 2
     assert "exists; pass overwrite=True (--overwrite)" in capsys.readouterr().err
     export_checkpoint(trained / "checkpoints", tmp_path / "taken", overwrite=True)
-    assert script["main"]([str(tmp_path / "absent"), str(tmp_path / "out")]) == 2
+    assert main([str(tmp_path / "absent"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "absent does not exist; name a step_NNNNNN folder" in err and "trainer.resume" not in err
     assert (tmp_path / "taken" / "model.safetensors").is_file()

@@ -108,7 +108,8 @@ def _imports(path: Path, name: str, top_level_only: bool) -> set[str]:
     return {m for m in found if m.startswith("flashtrain")}
 
 
-HF_EXPORT = {"flashtrain.hf.export", "flashtrain.hf.checkpoint_model"}  # above train
+# above train
+HF_EXPORT = {"flashtrain.hf.export", "flashtrain.hf.export_cli", "flashtrain.hf.checkpoint_model"}
 
 
 def _package(module: str) -> str:
