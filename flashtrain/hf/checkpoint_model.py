@@ -27,6 +27,7 @@ from flashtrain.train.checkpoint import (
     read_meta,
     resolve_checkpoint,
 )
+from flashtrain.train.run_info import read_run_info
 
 
 @dataclass
@@ -35,6 +36,7 @@ class CheckpointInfo:
     step: int
     meta: dict
     run_config: dict  # the run's resolved config (config.yaml), {} when absent
+    run_info: dict  # the run directory's run.json (commits, device), {} when absent
 
 
 def load_checkpoint_model(
@@ -66,4 +68,5 @@ def load_checkpoint_model(
     run_config = {}
     if (step_dir / CONFIG).is_file():
         run_config = OmegaConf.to_container(OmegaConf.load(step_dir / CONFIG), resolve=False)
-    return model.eval(), CheckpointInfo(step_dir, int(meta["step"]), meta, run_config)
+    run_info = read_run_info(step_dir.parent.parent)  # RUN/checkpoints/step_NNNNNN
+    return model.eval(), CheckpointInfo(step_dir, int(meta["step"]), meta, run_config, run_info)

@@ -109,10 +109,18 @@ def _readme(info, hf_model, tok: TokenizerInfo, cfg) -> str:
         "AutoModelForMaskedLM" if cls == "BertForMaskedLM" else "AutoModelForSequenceClassification"
     )  # fmt: skip
     run = info.meta.get("run_name", "")
+    # where it came from, by name (no path of this machine): the run, its checkpoint, its code
+    commits = info.run_info.get("commits") or [info.run_info.get("commit")]
+    commit = ", ".join(dict.fromkeys(c for c in commits if c)) or "unknown"
+    # init_from may name a local file; the weights here replace it anyway
+    model_config = {
+        k: v for k, v in (info.meta.get("model_config") or {}).items() if k != "init_from"
+    }
     return f"""# {run or "flashtrain model"} ({cls})
 
-Exported by flashtrain (`scripts/export_hf.py`) from checkpoint `{info.path.absolute()}` (step {info.step},
-{info.meta.get("tokens_seen", "?")} tokens seen, {info.meta.get("params", "?")} parameters).
+Exported by flashtrain (`scripts/export_hf.py`) from run `{run or "?"}`, checkpoint
+`{info.path.name}` (step {info.step}, {info.meta.get("tokens_seen", "?")} tokens seen,
+{info.meta.get("params", "?")} parameters), trained with flashtrain commit `{commit}`.
 
 ```python
 from transformers import {auto}
@@ -121,5 +129,5 @@ model = {auto}.from_pretrained("this/folder")
 
 Context length: {cfg.max_seq_len} positions. {tok.readme}
 
-flashtrain model config: `{info.meta.get("model_config")}`
+flashtrain model config: `{model_config}`
 """

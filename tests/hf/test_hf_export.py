@@ -45,7 +45,14 @@ def test_exported_run_loads_with_from_pretrained(trained, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no temporary folder left
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["GPT2LMHeadModel"] and config["n_positions"] == 64
-    assert "comes as token ids, with no tokenizer" in (out / "README.md").read_text()
+    readme = (out / "README.md").read_text()
+    assert "comes as token ids, with no tokenizer" in readme
+    # where it came from by name, and no path of this machine
+    meta = json.loads((trained / "checkpoints" / "step_000006" / "meta.json").read_text())
+    commit = json.loads((trained / "run.json").read_text())["commit"]
+    assert f"from run `{meta['run_name']}`, checkpoint\n`step_000006` (step 6," in readme
+    assert f"flashtrain commit `{commit}`" in readme
+    assert str(trained.parent) not in readme and "/tmp" not in readme and "init_from" not in readme
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     model, info = load_checkpoint_model(trained / "checkpoints")
