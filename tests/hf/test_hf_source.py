@@ -7,7 +7,6 @@ import hashlib
 import os
 from pathlib import Path
 
-import huggingface_hub
 import torch
 from hf_testing import assert_same_state, tiny_gpt2
 
@@ -72,7 +71,7 @@ def fake_hub(monkeypatch, repo_files: dict[str, Path], cache: Path) -> list[str]
                 fetched.append(name)
         return str(snapshot)
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr("huggingface_hub.snapshot_download", snapshot_download)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     return fetched
