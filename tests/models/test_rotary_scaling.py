@@ -68,6 +68,31 @@ def test_tables_equal_transformers(name, seqlen):
         assert moved > 1e-3 or (dynamic and seqlen <= 512)
 
 
+def test_gpt2_rotary_rotates_by_the_unscaled_llama_tables(monkeypatch):
+    """GPT-2's position=rotary and Llama share one RoPE implementation: GPT-2 rotates q and k
+    by exactly the tables of a Llama without scaling at the same base (transformers' default
+    rope, test_tables_equal_transformers), bit for bit."""
+    from flashtrain.models import transformer
+
+    seen = []
+    apply = transformer.apply_rotary
+    monkeypatch.setattr(
+        transformer, "apply_rotary", lambda x, cos, sin: seen.append(cos) or apply(x, cos, sin)
+    )
+    gpt2 = build_model(
+        dict(arch="gpt2", n_layer=1, n_head=4, d_model=64, vocab_size=97, max_seq_len=64,
+             position="rotary", rotary_base=500.0),
+        "sdpa",
+    )  # fmt: skip
+    llama = build_model({**TINY_LLAMA, "rope_theta": 500.0}, "sdpa")
+    assert gpt2.config.head_dim == llama.config.head_dim == 16
+    positions = torch.arange(3000)[None]  # far positions: where two formulas part
+    with torch.no_grad():
+        gpt2.hidden_states(torch.zeros(1, 3000, dtype=torch.long))
+    cos, _ = llama.rotary_tables(positions)  # (1, T, D/2)
+    assert len(seen) == 2 and torch.equal(seen[0][..., 0, :], cos)  # q and k
+
+
 def test_dynamic_grows_the_base_only_past_the_original_context():
     model = build_model({**TINY_LLAMA, "rope_scaling": SCALINGS["dynamic"]}, "sdpa")
     plain = build_model(TINY_LLAMA, "sdpa")
