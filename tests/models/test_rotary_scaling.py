@@ -4,11 +4,14 @@ context; and the config's refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 import torch
 from llama_testing import TINY_LLAMA, hf_config
 
-from flashtrain.models import build_model
+from flashtrain.models import build_model, model_config
 from flashtrain.models.rotary import RopeScalingConfig
 from flashtrain.typed_config import ConfigError
 
@@ -121,6 +124,21 @@ def test_bad_rope_scaling_is_refused(scaling, message):
         build_model({**TINY_LLAMA, "rope_scaling": scaling}, "sdpa")
 
 
-def test_config_instance_roundtrip():
-    s = RopeScalingConfig(type="linear", factor=2.0)
-    assert not s.depends_on_length and s.original_max_seq_len is None
+@pytest.mark.parametrize("name", ["yarn-mscale", "dynamic"])
+def test_scaling_survives_the_checkpoint_round_trip(name):
+    """A checkpoint's meta.json holds the model config as JSON (dataclasses.asdict); the model
+    rebuilt from it (trainer resume, export, init_from a checkpoint folder) has the same
+    scaling, as a RopeScalingConfig, and rotates by the same tables. A RopeScalingConfig
+    instance inside a mapping is taken as it is."""
+    cfg = model_config({**TINY_LLAMA, "rope_scaling": SCALINGS[name]})
+    stored = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    assert stored["rope_scaling"] == {**dict.fromkeys(stored["rope_scaling"]), **SCALINGS[name]}
+    back = model_config(stored)
+    assert back == cfg and isinstance(back.rope_scaling, RopeScalingConfig)
+    assert back.rope_scaling.depends_on_length == (name == "dynamic")
+    again = model_config({**TINY_LLAMA, "rope_scaling": RopeScalingConfig(**SCALINGS[name])})
+    assert again == cfg
+    positions = torch.arange(2000)
+    a = build_model(cfg, "sdpa").rotary_tables(positions, 2000)
+    b = build_model(back, "sdpa").rotary_tables(positions, 2000)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
