@@ -20,6 +20,8 @@ checkpoint to the newest intact one. Pruning removes a checkpoint's meta.json be
 a prune cut short never leaves something that looks like a checkpoint but lacks its tensors.
 Model and optimizer state go through torch.distributed.checkpoint.state_dict (parameter names as
 keys, wrapper prefixes removed), so either format loads into single, DDP or FSDP2 runs.
+read_model_state reads the model's weights alone, in one process, from either format
+(model.init_from=<checkpoint folder>: init_from.py).
 """
 
 from __future__ import annotations

@@ -5,11 +5,13 @@ is wrong."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import torch
 from config_testing import compose, group_options
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_testing import read_metrics, run_train
 
 from flashtrain.models import build_model
@@ -77,13 +79,49 @@ def test_two_ranks_splitting_each_sequence_match_one_process(tmp_path, single):
     _matches(run_dir, single)
 
 
-def test_fsdp2_on_two_ranks_matches_one_process(tmp_path, single):
-    """Per-block FSDP2 sharding of the Llama blocks, the tied head in the root's shard."""
-    res = run_train(TINY_LLAMA + STEPS + ["trainer.strategy=fsdp"], cwd=tmp_path, nproc=2)
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    """Two torchrun ranks training TINY_LLAMA + STEPS under FSDP2: (the process, its run folder)."""
+    cwd = tmp_path_factory.mktemp("fsdp")
+    res = run_train(TINY_LLAMA + STEPS + ["trainer.strategy=fsdp"], cwd=cwd, nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
+    (run_dir,) = (cwd / "outputs").glob("*/*")
+    return res, run_dir
+
+
+def test_fsdp2_on_two_ranks_matches_one_process(fsdp_run, single):
+    """Per-block FSDP2 sharding of the Llama blocks, the tied head in the root's shard."""
+    res, run_dir = fsdp_run
     assert "strategy: fsdp" in res.stdout
-    (run_dir,) = (tmp_path / "outputs").glob("*/*")
     _matches(run_dir, single)
+
+
+def test_init_from_an_fsdp2_checkpoint_at_a_longer_context(fsdp_run, tmp_path, monkeypatch):
+    """The documented context extension from an FSDP2 run (sharded DCP checkpoint, no
+    model_optim.pt): model.init_from=<its checkpoints folder> at twice the context with a
+    longer dynamic RoPE gives the weights the two ranks saved (read back by torch's own
+    dcp_to_torch_save), and a run starts from them."""
+    _, run_dir = fsdp_run
+    (step_dir,) = (run_dir / "checkpoints").glob("step_*")
+    assert json.loads((step_dir / "meta.json").read_text())["format"] == "dcp"
+    assert not (step_dir / "model_optim.pt").exists()
+    dcp_to_torch_save(step_dir, tmp_path / "saved.pt")
+    saved = torch.load(tmp_path / "saved.pt", weights_only=True)["model"]
+    longer = [
+        *(a for a in TINY_LLAMA if not a.startswith(("seq_len", "model.rope_scaling.factor"))),
+        "seq_len=128",
+        "model.rope_scaling.factor=4",
+        f"model.init_from={run_dir / 'checkpoints'}",
+    ]
+    cfg = validate_config(compose(longer))
+    model = build_model(cfg.model, cfg.attention)  # as the trainer builds it
+    got = model.state_dict()
+    assert got.keys() == saved.keys()
+    for name, value in saved.items():
+        assert torch.equal(got[name], value), name
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    out = _in_process(longer + ["trainer.max_steps=1", "trainer.eval_interval=0"], tmp_path / "r")
+    assert out["step"] == 1
 
 
 def test_init_from_a_shorter_context_checkpoint(tmp_path, monkeypatch):
@@ -95,7 +133,7 @@ def test_init_from_a_shorter_context_checkpoint(tmp_path, monkeypatch):
         base + ["seq_len=32", "trainer.max_steps=30", "trainer.eval_interval=0"],
         tmp_path / "short",
     )
-    ckpt = sorted((tmp_path / "short" / "checkpoints").glob("step_*"))[-1] / "model_optim.pt"
+    ckpt = tmp_path / "short" / "checkpoints"  # its newest checkpoint
     longer = base + ["seq_len=64", "trainer.max_steps=1", "trainer.eval_interval=0"]
     scaling = ["model.rope_scaling.type=linear", "model.rope_scaling.factor=2"]
     extended = _in_process(longer + scaling + [f"model.init_from={ckpt}"], tmp_path / "ext")
