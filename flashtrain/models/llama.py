@@ -206,6 +206,7 @@ class Llama(TransformerModel):
 
     causal = True
     Config = LlamaConfig  # its schema (configs/model/llama-*.yaml with arch: llama)
+    mlp_widths = 4  # SwiGLU keeps gate, up, silu(gate) and their product
 
     def __init__(self, config: LlamaConfig, attention="flash"):
         super().__init__(config, attention)

@@ -104,6 +104,8 @@ class TransformerModel(nn.Module):
 
     # state-dict keys of positional tables -> "1d" (sequence axis) or "2d" (an image axis)
     position_tables: dict[str, str] = {}
+    # tensors d_ff wide an MLP keeps for its backward (GELU: input, output), for memory estimates
+    mlp_widths = 2
 
     def __init__(self, config: TransformerConfig, attention):
         super().__init__()

@@ -152,23 +152,55 @@ def test_compiled_llama_blocks_train_like_eager(tmp_path, monkeypatch):
 
 
 def test_every_llama_preset_dry_runs(tmp_path, caplog):
-    """Each preset composes, validates and prints its model, parameter count and FLOPs per token
-    without data; context-parallel presets at context_parallel=1 (one process here; under
-    torchrun the world must be a multiple of it)."""
+    """Each preset, unmodified, composes, validates and prints its model, parameter count, FLOPs
+    per token, batch plan and per-GPU memory without data. One process here: a preset whose
+    context parallelism needs more is planned for the smallest world it runs on, saying so."""
     assert {"llama/125m-16k", "llama/1b-32k", "llama/1b-128k", "llama/8b-128k"} <= set(PRESETS)
     caplog.set_level("INFO", logger="flashtrain")
     for preset in PRESETS:
         cfg = compose([f"experiment={preset}", "trainer.max_steps=0", "logger=none"])
         assert cfg.seq_len >= 16384 and cfg.model.arch == "llama", preset
-        assert cfg.seq_len % (2 * cfg.trainer.context_parallel) == 0, preset  # zigzag splits
-        cfg.trainer.context_parallel = 1
+        cp = cfg.trainer.context_parallel
+        assert cfg.seq_len % (2 * cp) == 0, preset  # zigzag splits
         caplog.clear()
         out = run(cfg, tmp_path / preset.replace("/", "-"))
         with torch.device("meta"):
             model = build_model(cfg.model, cfg.attention)
         assert out["step"] == 0 and out["params"] == model.num_parameters(), preset
-        assert f"\nparams: {out['params']}\n" in caplog.text, preset
-        assert "flops/token: " in caplog.text and "(blocks): " in caplog.text, preset
+        assert out["world_size"] == cp, preset  # 1 for the presets without context parallelism
+        text = caplog.text
+        assert f"\nparams: {out['params']}\n" in text, preset
+        assert "flops/token: " in text and "(blocks): " in text, preset
+        planned = f"dry run: planned for a world of {cp} processes, not this run's 1"
+        assert (planned in text) == (cp > 1), preset
+        if cp > 1:
+            assert f"each sequence split over {cp} ranks" in text, preset
+            assert f"micro 1 x 1 data-parallel groups of {cp} ranks" in text, preset
+        memory = out["memory_per_gpu"]
+        assert f"memory per GPU (estimate: {cp} GPUs, " in text, preset
+        shards = cp if cfg.trainer.strategy == "fsdp" else 1
+        assert memory["states"] == 16 * out["params"] / shards, preset
+        assert 0 < memory["activations"] and memory["states"] + memory["activations"] < 80e9
+
+
+def test_the_8b_128k_estimate_by_hand(tmp_path):
+    """llama/8b-128k on its 8 GPUs: FSDP2 over 8, bf16 weights in the blocks (FSDP2's
+    param_dtype), 16,384 tokens per GPU, every block recomputed. Per token a block keeps
+    2 B x (3 x 4096 + 2 x 1024) in attention, 2 B x (4096 + 4 x 14336) in the SwiGLU MLP and
+    2 x 2 B x 4096 of norm inputs = 167,936 B; recomputed, each of the 32 keeps its 2 x 4096 B
+    input, plus one block's working set."""
+    cfg = compose(["experiment=llama/8b-128k", "trainer.max_steps=0", "logger=none"])
+    memory = run(cfg, tmp_path / "run")["memory_per_gpu"]
+    assert memory["states"] == 16 * 7_391_678_464 / 8
+    assert memory["activations"] == 16_384 * (32 * 2 * 4096 + 167_936)
+    assert memory["activations_other"] == 16_384 * 32 * 167_936  # recompute=none
+
+
+def test_a_real_run_still_needs_the_world(tmp_path):
+    """Only a dry run plans for another world: a real run is refused (exit 2 in train.py)."""
+    cfg = compose(["experiment=llama/8b-128k", "trainer.max_steps=1", "logger=none"])
+    with pytest.raises(ConfigError, match="context_parallel=8 does not divide the world size 1"):
+        run(cfg, tmp_path / "run")
 
 
 @pytest.mark.parametrize(
