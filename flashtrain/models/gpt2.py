@@ -25,7 +25,8 @@ from torch.profiler import record_function
 from flashtrain.models.attention_layers import AttentionContext
 from flashtrain.models.config import GPT2Config
 from flashtrain.models.loss import token_loss
-from flashtrain.models.positions import rotary_tables, token_positions
+from flashtrain.models.positions import token_positions
+from flashtrain.models.rotary import rotary_tables
 from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_init_
 
 

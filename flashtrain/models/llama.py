@@ -206,6 +206,7 @@ class Llama(TransformerModel):
 
     causal = True
     Config = LlamaConfig  # its schema (configs/model/llama-*.yaml with arch: llama)
+    mlp_widths = 4  # SwiGLU keeps gate, up, silu(gate) and their product
 
     def __init__(self, config: LlamaConfig, attention="flash"):
         super().__init__(config, attention)
@@ -250,13 +251,26 @@ class Llama(TransformerModel):
 
     # ---- forward
 
-    def _sequence_length(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> int:
-        """The length of the sequences this call covers (rope_scaling=dynamic): the whole
-        sequence under context parallelism, else the largest position + 1."""
+    def _sequence_length(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        max_seqlen: int | None,
+    ) -> int | None:
+        """The length of the sequences this call covers, for a RoPE scaling that depends on it
+        (dynamic), else None: the whole sequence under context parallelism, the longest
+        document of a packed batch (max_seqlen: its positions restart at 0 in every document,
+        so it is the largest position + 1), the row length without position_ids. Each is known
+        on the host; only explicit positions outside those layouts (a decode step) are read
+        from the tensor, which on a GPU waits for it."""
+        if not self.config.rope_scaling.depends_on_length:
+            return None
         if self.attn_op.splits_sequence:
             return input_ids.shape[1] * self.attn_op.size
         if position_ids is None:
             return input_ids.shape[1]
+        if max_seqlen is not None:
+            return int(max_seqlen)
         return int(position_ids.max()) + 1
 
     def rotary_tables(self, positions: torch.Tensor, seq_len: int | None = None):
@@ -287,14 +301,12 @@ class Llama(TransformerModel):
         if packed and (position_ids is None or max_seqlen is None):
             raise ValueError("cu_seqlens needs max_seqlen and position_ids (data/packing.py)")
         pos = token_positions(input_ids, position_ids, None)  # (B, T) or (1, T)
-        length = self._sequence_length(input_ids, position_ids)
+        length = self._sequence_length(input_ids, position_ids, max_seqlen)
         ids = input_ids
         if packed:  # (N,) tokens and their positions
             ids, pos = input_ids.reshape(-1), pos.reshape(-1)
         x = self.drop(self.embed_tokens(ids))  # (B, T, C) or (N, C)
-        cos, sin = self.rotary_tables(
-            pos, length if cfg.rope_scaling.depends_on_length else None
-        )  # (B or 1, T, D/2) or (N, D/2)
+        cos, sin = self.rotary_tables(pos, length)  # (B or 1, T, D/2) or (N, D/2)
         ctx = AttentionContext(
             causal=self.causal,
             cu_seqlens=cu_seqlens,

@@ -20,6 +20,8 @@ checkpoint to the newest intact one. Pruning removes a checkpoint's meta.json be
 a prune cut short never leaves something that looks like a checkpoint but lacks its tensors.
 Model and optimizer state go through torch.distributed.checkpoint.state_dict (parameter names as
 keys, wrapper prefixes removed), so either format loads into single, DDP or FSDP2 runs.
+read_model_state reads the model's weights alone, in one process, from either format
+(model.init_from=<checkpoint folder>: init_from.py).
 """
 
 from __future__ import annotations
@@ -478,29 +480,13 @@ def load_checkpoint(
         set_model_state_dict(model, state["model"], options=options)
         set_optimizer_state_dict(model, optimizer, state["optim"], options=options)
     elif fmt == "dcp":
-        import torch.distributed.checkpoint as dcp
-
-        try:
-            metadata = dcp.FileSystemReader(str(path)).read_metadata()
-        except Exception as e:  # noqa: BLE001 - any reader failure means an unusable checkpoint
-            raise CheckpointError(
-                f"checkpoint {path} is corrupt: cannot read its metadata ({e})"
-            ) from e
-        saved = {}
-        for key, md in metadata.state_dict_metadata.items():
-            if key.startswith("model.") and hasattr(md, "size"):
-                saved[key[len("model.") :]] = tuple(md.size)
+        saved = {name: tuple(md.size) for name, md in _dcp_model_entries(path).items()}
         _check_shapes(path, saved, current, meta)
         state = {
             "model": get_model_state_dict(model),
             "optim": get_optimizer_state_dict(model, optimizer),
         }
-        try:
-            with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
-        except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint {path} is corrupt or incomplete: {e}") from e
+        _dcp_load(path, state, no_dist=not dist.is_initialized())
         set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, optimizer, state["optim"])
     else:
@@ -512,6 +498,65 @@ def load_checkpoint(
             f"{TRAINER_STATE} step {trainer_state['step']}"
         )
     return trainer_state, meta
+
+
+def read_model_state(
+    path: str | os.PathLike, *, allow_unverified: bool = False
+) -> tuple[dict[str, torch.Tensor], Path]:
+    """The model weights saved in checkpoint `path` (a step folder, or a checkpoints folder: its
+    newest intact checkpoint), every file checked against its checksum first; read in this
+    process without a process group, whatever the format: "torch" from model_optim.pt, "dcp"
+    (FSDP2) the model's entries of every rank's shards, the optimizer's left unread. On CPU, in
+    the saved shapes and dtypes, by the names get_model_state_dict gives (the model's own).
+    Returns (state, the checkpoint directory read)."""
+    step_dir = resolve_resume(str(path), path, allow_unverified=allow_unverified)
+    if step_dir is None:
+        raise CheckpointError(f"no checkpoint at {path}")
+    fmt = read_meta(step_dir)["format"]
+    if fmt == "torch":
+        state = _torch_load(step_dir / MODEL_OPTIM, weights_only=True)
+        if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+            raise CheckpointError(f"checkpoint {step_dir} is corrupt: {MODEL_OPTIM} lacks model")
+        return state["model"], step_dir
+    if fmt == "dcp":
+        model_state = {
+            name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+            for name, md in _dcp_model_entries(step_dir).items()
+        }
+        _dcp_load(step_dir, {"model": model_state}, no_dist=True)
+        return model_state, step_dir
+    raise CheckpointError(f"checkpoint {step_dir} has unknown format {fmt!r}")
+
+
+def _dcp_model_entries(path: Path) -> dict:
+    """{parameter name: its TensorStorageMetadata (global size, dtype)} of a DCP checkpoint's
+    model, from its .metadata alone."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any reader failure means an unusable checkpoint
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: cannot read its metadata ({e})"
+        ) from e
+    return {
+        key[len("model.") :]: md
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and hasattr(md, "size")
+    }
+
+
+def _dcp_load(path: Path, state: dict, *, no_dist: bool) -> None:
+    """dcp.load of `state`'s entries from checkpoint `path`, in place (no_dist: in this process
+    alone, with or without a process group)."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=str(path), no_dist=no_dist)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"checkpoint {path} is corrupt or incomplete: {e}") from e
 
 
 # Model settings that do not change what a loaded model computes: how it is computed (memory
