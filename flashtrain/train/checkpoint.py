@@ -442,14 +442,22 @@ def load_checkpoint(
     """Load model and optimizer state from checkpoint `path` in place; return (trainer_state,
     meta). Every rank calls it. Raises CheckpointError, before touching the model, when a file
     does not match its checksum (the ranks share the hashing) or is unreadable, when it has no
-    checksums and not allow_unverified, or when the checkpoint was written for another model:
-    one whose saved config differs from `model_config` (when given) in a field that changes
-    what the model computes, or of another shape."""
+    checksums and not allow_unverified, when meta.json and trainer.pt disagree on the step, or
+    when the checkpoint was written for another model: one whose saved config differs from
+    `model_config` (when given) in a field that changes what the model computes, or of another
+    shape."""
     path = Path(path)
     meta = read_meta(path)
     _verify_on_every_rank(path, meta, allow_unverified)
     if model_config is not None:
         check_model_config(path, meta.get("model_config"), model_config)
+    # the step check, before the model is touched (trainer.pt is small)
+    trainer_state = _torch_load(path / TRAINER_STATE, weights_only=False)
+    if isinstance(trainer_state, dict) and trainer_state.get("step", meta["step"]) != meta["step"]:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: its {META} says step {meta['step']}, its "
+            f"{TRAINER_STATE} step {trainer_state['step']}"
+        )
     fmt = meta["format"]
     current = {k: tuple(shape) for k, shape in _full_shapes(model).items()}
     if fmt == "torch":
@@ -489,12 +497,6 @@ def load_checkpoint(
         set_optimizer_state_dict(model, optimizer, state["optim"])
     else:
         raise CheckpointError(f"checkpoint {path} has unknown format {fmt!r}")
-    trainer_state = _torch_load(path / TRAINER_STATE, weights_only=False)
-    if isinstance(trainer_state, dict) and trainer_state.get("step", meta["step"]) != meta["step"]:
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt: its {META} says step {meta['step']}, its "
-            f"{TRAINER_STATE} step {trainer_state['step']}"
-        )
     return trainer_state, meta
 
 
