@@ -226,12 +226,26 @@ def _is_main() -> bool:
 
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: no half-written file left behind
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_directory(path.parent)
+
+
+class LatestNotUpdated(Exception):
+    """The checkpoint is complete and in place, but writing `latest` (which names it) failed."""
+
+    def __init__(self, final: Path, error: OSError):
+        super().__init__(
+            f"checkpoint {final} is complete, but writing {final.parent / 'latest'} failed: {error}"
+        )
+        self.final = final
 
 
 def save_checkpoint(
@@ -345,7 +359,10 @@ def _finish_save(root, tmp, final, files, trainer_state, meta, config_yaml, shar
     else:
         os.rename(tmp, final)
     fsync_directory(root)
-    _atomic_write_text(root / "latest", final.name + "\n")
+    try:
+        _atomic_write_text(root / "latest", final.name + "\n")
+    except OSError as e:
+        raise LatestNotUpdated(final, e) from e
 
 
 def checkpoint_step(path: Path) -> int:
@@ -390,6 +407,13 @@ def _is_no_space(error: BaseException) -> bool:
 
 
 def _describe_failure(error: BaseException | None, tmp: Path) -> tuple[str, str]:
+    if isinstance(error, LatestNotUpdated) and _is_no_space(error):
+        return "no_space", (
+            f"no space left on the device writing {error.final.parent / 'latest'}: checkpoint "
+            f"{error.final} is complete and kept (trainer.resume=auto finds it), only `latest` "
+            f"still names the one before; free space on {error.final.parent} (or lower "
+            f"trainer.keep_last), then continue with trainer.resume=auto"
+        )
     if error is not None and _is_no_space(error):
         final = tmp.parent / tmp.name[1 : -len(".tmp")]
         return "no_space", (
