@@ -5,10 +5,11 @@ call touches a few pages of it, about a MiB (issue 25.10).
     python huge_strides_decode.py cache-heads  # head-major cache and query: head 2 past 2^31
     python huge_strides_decode.py q-rows       # 300 query rows 2^23 - 64 elements apart
     python huge_strides_decode.py out-heads    # flash_decode writing a head-major output
+    python huge_strides_decode.py cache-heads q-rows   # several in one process
 
 Run in a subprocess by test_kvcache_inputs.py: with int32 offsets the interpreter read outside
 the storage (a crash, or garbage). Prints one JSON line: the largest error per split count
-against a float64 reference on compact copies.
+against a float64 reference on compact copies, per layout.
 """
 
 import json
@@ -92,4 +93,7 @@ def out_heads() -> dict:
 if __name__ == "__main__":
     torch.manual_seed(0)
     runs = {"cache-heads": cache_heads, "q-rows": q_rows, "out-heads": out_heads}
-    print(json.dumps(runs[sys.argv[1]]()))
+    errors = {}
+    for name in sys.argv[1:]:
+        errors.update({f"{name} {key}": value for key, value in runs[name]().items()})
+    print(json.dumps(errors))

@@ -208,30 +208,20 @@ def test_a_nonfinite_value_a_row_sees_still_makes_it_nan(route, where):
 # ------------------------------------------------------------------ int64 offsets, limits
 
 
-@pytest.mark.parametrize("layout", ["cache-heads", "q-rows"])
-def test_offsets_past_2_31_give_the_reference_answer(route, layout):
-    """A head-major cache and query (head 2 starts past 2^31 elements), and a 300-row query
-    chunk whose rows are 2^23 - 64 elements apart, on storage large only in address space. In
-    a subprocess: with int32 offsets the interpreter read outside the storage."""
-    _huge(layout)
-
-
-@pytest.mark.single_route
-def test_output_offsets_past_2_31_in_the_launcher():
-    """flash_decode writing a head-major output (head 2 past 2^31), one split (the split kernel
-    writes it) and three (the combine kernel does)."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("runs the kernels under TRITON_INTERPRET=1")
-    _huge("out-heads")
-
-
-def _huge(layout):
+def test_offsets_past_2_31_give_the_reference_answer(route):
+    """A head-major cache and query (head 2 starts past 2^31 elements), a 300-row query chunk
+    whose rows are 2^23 - 64 elements apart, and (the kernel route) flash_decode writing a
+    head-major output, with 1 and 3 splits, on storage large only in address space. In a
+    subprocess (one per route): with int32 offsets the interpreter read outside the storage."""
+    layouts = ["cache-heads", "q-rows"] + (["out-heads"] if route == "triton" else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(SCRIPT.parent)]))
-    run = subprocess.run([sys.executable, str(SCRIPT), layout], env=env, capture_output=True,
+    run = subprocess.run([sys.executable, str(SCRIPT), *layouts], env=env, capture_output=True,
                          text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-3000:]}"
     errors = json.loads(run.stdout.splitlines()[-1])
-    assert max(errors.values()) < 1e-2, errors  # fp16 against float64
+    assert len(errors) == 2 * len(layouts) and max(errors.values()) < 1e-2, (
+        errors
+    )  # fp16 vs float64
 
 
 @pytest.mark.single_route
