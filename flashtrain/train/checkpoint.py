@@ -244,12 +244,26 @@ def _is_main() -> bool:
 
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: no half-written file left behind
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_directory(path.parent)
+
+
+class LatestNotUpdated(Exception):
+    """The checkpoint is complete and in place, but writing `latest` (which names it) failed."""
+
+    def __init__(self, final: Path, error: OSError):
+        super().__init__(
+            f"checkpoint {final} is complete, but writing {final.parent / 'latest'} failed: {error}"
+        )
+        self.final = final
 
 
 def save_checkpoint(
@@ -363,7 +377,10 @@ def _finish_save(root, tmp, final, files, trainer_state, meta, config_yaml, shar
     else:
         os.rename(tmp, final)
     fsync_directory(root)
-    _atomic_write_text(root / "latest", final.name + "\n")
+    try:
+        _atomic_write_text(root / "latest", final.name + "\n")
+    except OSError as e:
+        raise LatestNotUpdated(final, e) from e
 
 
 def checkpoint_step(path: Path) -> int:
@@ -408,6 +425,13 @@ def _is_no_space(error: BaseException) -> bool:
 
 
 def _describe_failure(error: BaseException | None, tmp: Path) -> tuple[str, str]:
+    if isinstance(error, LatestNotUpdated) and _is_no_space(error):
+        return "no_space", (
+            f"no space left on the device writing {error.final.parent / 'latest'}: checkpoint "
+            f"{error.final} is complete and kept (trainer.resume=auto finds it), only `latest` "
+            f"still names the one before; free space on {error.final.parent} (or lower "
+            f"trainer.keep_last), then continue with trainer.resume=auto"
+        )
     if error is not None and _is_no_space(error):
         final = tmp.parent / tmp.name[1 : -len(".tmp")]
         return "no_space", (
@@ -460,14 +484,22 @@ def load_checkpoint(
     """Load model and optimizer state from checkpoint `path` in place; return (trainer_state,
     meta). Every rank calls it. Raises CheckpointError, before touching the model, when a file
     does not match its checksum (the ranks share the hashing) or is unreadable, when it has no
-    checksums and not allow_unverified, or when the checkpoint was written for another model:
-    one whose saved config differs from `model_config` (when given) in a field that changes
-    what the model computes, or of another shape."""
+    checksums and not allow_unverified, when meta.json and trainer.pt disagree on the step, or
+    when the checkpoint was written for another model: one whose saved config differs from
+    `model_config` (when given) in a field that changes what the model computes, or of another
+    shape."""
     path = Path(path)
     meta = read_meta(path)
     _verify_on_every_rank(path, meta, allow_unverified)
     if model_config is not None:
         check_model_config(path, meta.get("model_config"), model_config)
+    # the step check, before the model is touched (trainer.pt is small)
+    trainer_state = _torch_load(path / TRAINER_STATE, weights_only=False)
+    if isinstance(trainer_state, dict) and trainer_state.get("step", meta["step"]) != meta["step"]:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: its {META} says step {meta['step']}, its "
+            f"{TRAINER_STATE} step {trainer_state['step']}"
+        )
     fmt = meta["format"]
     current = {k: tuple(shape) for k, shape in _full_shapes(model).items()}
     if fmt == "torch":
@@ -491,12 +523,6 @@ def load_checkpoint(
         set_optimizer_state_dict(model, optimizer, state["optim"])
     else:
         raise CheckpointError(f"checkpoint {path} has unknown format {fmt!r}")
-    trainer_state = _torch_load(path / TRAINER_STATE, weights_only=False)
-    if isinstance(trainer_state, dict) and trainer_state.get("step", meta["step"]) != meta["step"]:
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt: its {META} says step {meta['step']}, its "
-            f"{TRAINER_STATE} step {trainer_state['step']}"
-        )
     return trainer_state, meta
 
 
