@@ -23,7 +23,7 @@ from flashtrain.kernels.common import (
     tile_grid,
 )
 from flashtrain.kernels.dropout import dropout_keep, seed_args
-from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
+from flashtrain.kernels.launch_args import call_shapes, score_args, sparse_args
 from flashtrain.kernels.program import head_rows, program_prologue, query_tile
 from flashtrain.kernels.scores import pending_scale, tile_scores
 from flashtrain.kernels.tma import use_descriptors
@@ -165,30 +165,30 @@ def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     visits: optional zeroed int32 tensor (B * Hq * query tiles,) that receives, per program,
     the number of key tiles it streamed.
     """
-    layout = attention_layout(q, k, lse, cu_seqlens_q, cu_seqlens_k, v, out)
-    q4, k4, v4, o4 = layout.views(q, k, v, out)
-    cu_q, cu_k = (cu_seqlens_q, cu_seqlens_k) if layout.is_varlen else (lse, lse)  # placeholders
-    slopes, score_scalars, score_flags = score_args(softmax_scale, softcap, alibi_slopes, layout,
+    shapes = call_shapes(q, k, lse, cu_seqlens_q, cu_seqlens_k, v, out)
+    q4, k4, v4, o4 = shapes.views(q, k, v, out)
+    cu_q, cu_k = (cu_seqlens_q, cu_seqlens_k) if shapes.is_varlen else (lse, lse)  # placeholders
+    slopes, score_scalars, score_flags = score_args(softmax_scale, softcap, alibi_slopes, shapes,
                                                     q.device, lse)
     seed_ptr, seed_value, seed_in_memory = seed_args(seed, q.device, lse)
-    cfg = forward_config(layout.head_dim, q.dtype, q.device, block_size)
+    cfg = forward_config(shapes.head_dim, q.dtype, q.device, block_size)
     sparse = bool(tables)
     heavy = heavy_first(window_left, window_right)
     table_tensors, table_stride_args = sparse_args(tables[:4] if sparse else None, lse)
 
     def launch(cfg):
-        grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), layout.batch * layout.heads_q, heavy)
+        grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), shapes.batch * shapes.heads_q, heavy)
         flash_forward_kernel[grid](
             q4, k4, v4, o4, lse, cu_q, cu_k, slopes, seed_ptr, visits if visits is not None else lse,
             *table_tensors,
-            *seq_strides(q4, layout.is_varlen), *seq_strides(k4, layout.is_varlen),
-            *seq_strides(v4, layout.is_varlen), *seq_strides(o4, layout.is_varlen),
-            *layout.lse_strides, *table_stride_args,
-            max_seqlen_q, max_seqlen_k, layout.heads_q, window_left, window_right,
+            *seq_strides(q4, shapes.is_varlen), *seq_strides(k4, shapes.is_varlen),
+            *seq_strides(v4, shapes.is_varlen), *seq_strides(o4, shapes.is_varlen),
+            *shapes.lse_strides, *table_stride_args,
+            max_seqlen_q, max_seqlen_k, shapes.heads_q, window_left, window_right,
             *score_scalars, dropout_p, seed_value,
-            GROUP=layout.heads_q // layout.heads_kv, HEAD_DIM=layout.head_dim, BLOCK_D=cfg.block_d,
+            GROUP=shapes.heads_q // shapes.heads_kv, HEAD_DIM=shapes.head_dim, BLOCK_D=cfg.block_d,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PRECISION=dot_precision(q.dtype),
-            IS_VARLEN=layout.is_varlen, SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1,
+            IS_VARLEN=shapes.is_varlen, SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1,
             **score_flags, HAS_DROPOUT=dropout_p > 0.0, SEED_IN_MEMORY=seed_in_memory,
             COUNT_VISITS=visits is not None, HEAVY_FIRST=heavy,
             TMA=use_descriptors(cfg, q.device, q4, k4, v4, o4),
