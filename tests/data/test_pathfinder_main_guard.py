@@ -106,5 +106,7 @@ def test_command_line_programs_use_all_cores_when_the_config_leaves_it_open():
     assert command_line_settings(cfg) == {"num_workers": all_cores()}
     assert command_line_settings({"loader": "pathfinder", "num_workers": 3}) == {}
     assert command_line_settings({"loader": "synthetic"}) == {}
-    train_cfg = with_command_line_settings(compose(["data=pathfinder32", "seq_len=1024"]))
+    train_cfg = with_command_line_settings(
+        compose(["data=pathfinder32", "model=pathx-classifier", "seq_len=1024"])
+    )
     assert train_cfg.data.num_workers == all_cores()  # what train.py runs
