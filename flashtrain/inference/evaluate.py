@@ -65,17 +65,17 @@ def _bucketed(values: np.ndarray, counts: np.ndarray, edges: list[int]):
 
 @torch.no_grad()
 def token_losses(model, batch: dict, chunk: int = 1024) -> torch.Tensor:
-    """Per-token loss (B, T) float32 in nats, 0 where labels are IGNORE_INDEX; the logits exist
-    `chunk` positions at a time."""
+    """Per-token loss (B, T) float32 in nats, 0 where labels are IGNORE_INDEX, from the model's
+    own head (model.head_logits: a final softcap included); the logits exist `chunk` positions
+    at a time."""
     device = model.output_weight().device
     ids, labels = batch["input_ids"].to(device), batch["labels"].to(device)
     extra = {k: batch[k].to(device) if torch.is_tensor(batch[k]) else batch[k]
              for k in DOCUMENT_FIELDS if k in batch}  # fmt: skip
     hidden = model.hidden_states(ids, **extra)  # (B, T, C)
-    weight = model.output_weight()
     out = torch.zeros(labels.shape, dtype=torch.float32, device=device)
     for start in range(0, ids.shape[1], chunk):
-        logits = (hidden[:, start : start + chunk] @ weight.t()).float()  # (B, c, V)
+        logits = model.head_logits(hidden[:, start : start + chunk]).float()  # (B, c, V)
         target = labels[:, start : start + chunk]
         loss = F.cross_entropy(logits.transpose(1, 2), target, ignore_index=IGNORE_INDEX,
                                reduction="none")  # fmt: skip

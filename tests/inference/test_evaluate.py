@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from inference_testing import tiny_llama
 
 from flashtrain.data.registry import build_data
 from flashtrain.inference.checkpoint import load_for_inference
@@ -33,6 +34,23 @@ def test_loss_equals_the_models_own_loss_on_the_same_windows(text_run):
     assert result.loss == pytest.approx(total / count, rel=1e-5)
     weighted = sum(l * n for l, n in zip(result.position_loss, result.position_tokens) if n)
     assert weighted / result.tokens == pytest.approx(result.loss, rel=1e-9)
+
+
+def test_loss_is_the_models_own_with_a_final_logit_softcap():
+    """A Llama whose head is soft-capped (Gemma 2's final_logit_softcap): the evaluation scores
+    the capped logits, as the model's loss does (the raw head product gives another number)."""
+    model = tiny_llama(vocab_size=16)  # final_logit_softcap 1.0
+    data = dict(loader="synthetic", num_keys=8, num_values=8, vocab_size=16)
+    result = evaluate_length(model, data, 32, batch_size=4, max_batches=2)
+    module = build_data(data, seq_len=32, micro_batch_size=4, seed=1234, eval_batches=2)
+    total = count = 0.0
+    with torch.no_grad():
+        for batch in module.val_batches():
+            out = model(**batch)
+            total += float(out.loss) * int(out.num_targets)
+            count += int(out.num_targets)
+    assert result.tokens == count
+    assert result.loss == pytest.approx(total / count, rel=1e-5)
 
 
 def test_sliding_windows_score_every_token_once(text_run):

@@ -1,10 +1,12 @@
 """Generation with the KV cache: the same tokens as recomputing the whole sequence every step,
 on both CPU attention routes; sampling options; the command line on a trained checkpoint."""
 
+import importlib
 import io
 
 import pytest
 import torch
+from inference_testing import tiny_llama
 
 from flashtrain.inference import Sampling, generate
 from flashtrain.inference.generate import next_tokens
@@ -52,6 +54,39 @@ def test_greedy_with_the_cache_equals_recomputing_everything(route, position):
     want = [_recompute_greedy(model, p, 6) for p in prompts]
     assert got == want
     assert len({tuple(t) for t in got}) > 1  # a test that distinguishes the prompts
+
+
+def test_greedy_with_the_cache_equals_recomputing_everything_on_a_llama(route):
+    """GQA, a sliding window shorter than the prompts and the sequences, attention and final
+    softcaps: the cache must keep the window (no key older than 5 tokens) and the softcap."""
+    model = tiny_llama(seed=3)
+    prompts = [[1, 5, 7, 2, 9, 4, 13], [3, 3, 9], [11]]
+    got = generate(model, prompts, max_new_tokens=8)
+    want = [_recompute_greedy(model, p, 8) for p in prompts]
+    assert got == want
+    assert len({tuple(t) for t in got}) > 1
+
+
+def test_sampling_draws_from_the_models_own_logits(monkeypatch):
+    """What the sampler is given at each step is the model's logits for the last position
+    (with the Llama family's final softcap), not the raw head product."""
+    # the module (flashtrain.inference exports the function under the same name)
+    gen = importlib.import_module("flashtrain.inference.generate")
+    model = tiny_llama(seed=5)
+    seen = []
+    original = gen.next_tokens
+
+    def spy(logits, sampling, generator):
+        seen.append(logits.clone())
+        return original(logits, sampling, generator)
+
+    monkeypatch.setattr(gen, "next_tokens", spy)
+    prompt = [2, 7, 1, 8, 2, 8]
+    new = generate(model, [prompt], max_new_tokens=3, sampling=Sampling(temperature=1.0), seed=0)
+    with torch.no_grad():
+        for step, logits in enumerate(seen):
+            want = model.logits(torch.tensor([prompt + new[0][:step]]))[0, -1]  # (V,)
+            torch.testing.assert_close(logits[0], want.float(), atol=1e-5, rtol=0)
 
 
 def test_stop_token_ends_a_sequence_early():
