@@ -14,6 +14,7 @@ from flashtrain.inference.generate_cli import main
 from flashtrain.models import build_model
 
 ROUTES = ("triton", "torch")
+GREEDY = Sampling(temperature=0.0)
 
 
 @pytest.fixture(params=ROUTES)
@@ -67,26 +68,49 @@ def test_greedy_with_the_cache_equals_recomputing_everything_on_a_llama(route):
     assert len({tuple(t) for t in got}) > 1
 
 
-def test_sampling_draws_from_the_models_own_logits(monkeypatch):
-    """What the sampler is given at each step is the model's logits for the last position
-    (with the Llama family's final softcap), not the raw head product."""
+def _generate_seeing_logits(monkeypatch, model, prompts, steps, sampling=GREEDY, seed=None):
+    """generate(...) and the (B, V) logits the sampler was handed at each step."""
     # the module (flashtrain.inference exports the function under the same name)
     gen = importlib.import_module("flashtrain.inference.generate")
-    model = tiny_llama(seed=5)
-    seen = []
-    original = gen.next_tokens
+    seen, original = [], gen.next_tokens
 
     def spy(logits, sampling, generator):
         seen.append(logits.clone())
         return original(logits, sampling, generator)
 
     monkeypatch.setattr(gen, "next_tokens", spy)
-    prompt = [2, 7, 1, 8, 2, 8]
-    new = generate(model, [prompt], max_new_tokens=3, sampling=Sampling(temperature=1.0), seed=0)
+    return generate(model, prompts, steps, sampling, seed=seed), seen
+
+
+def _assert_step_logits_are_the_models(model, prompts, new, seen):
+    """Step t's logits for sequence b == model.logits of prompt b + its first t new tokens."""
     with torch.no_grad():
         for step, logits in enumerate(seen):
-            want = model.logits(torch.tensor([prompt + new[0][:step]]))[0, -1]  # (V,)
-            torch.testing.assert_close(logits[0], want.float(), atol=1e-5, rtol=0)
+            for b, prompt in enumerate(prompts):
+                want = model.logits(torch.tensor([prompt + new[b][:step]]))[0, -1]  # (V,)
+                torch.testing.assert_close(logits[b], want.float(), atol=1e-5, rtol=0)
+
+
+def test_cache_equals_recomputing_on_a_trained_checkpoint(route, recall_run, monkeypatch):
+    """On the session's checkpoint of a short `python train.py` (GPT-2, recall data): the same
+    greedy tokens, and the same logits at every step (a model trained for 6 steps barely uses its
+    context, so the tokens alone would not notice a broken cache; its logits do)."""
+    from flashtrain.inference.checkpoint import load_for_inference
+
+    model = load_for_inference(recall_run).model
+    prompts = [[3, 11, 5, 12, 3, 11, 0], [1, 9], [7, 14, 2, 8, 6, 13, 7, 14, 6]]
+    got, seen = _generate_seeing_logits(monkeypatch, model, prompts, 6)
+    assert got == [_recompute_greedy(model, p, 6) for p in prompts]
+    _assert_step_logits_are_the_models(model, prompts, got, seen)
+
+
+def test_sampling_draws_from_the_models_own_logits(monkeypatch):
+    """What the sampler is given at each step is the model's logits for the last position
+    (with the Llama family's final softcap), not the raw head product."""
+    model = tiny_llama(seed=5)
+    prompts = [[2, 7, 1, 8, 2, 8]]
+    new, seen = _generate_seeing_logits(monkeypatch, model, prompts, 3, Sampling(1.0), seed=0)
+    _assert_step_logits_are_the_models(model, prompts, new, seen)
 
 
 def test_stop_token_ends_a_sequence_early():
