@@ -173,6 +173,34 @@ def test_generate_command_refuses_bad_prompts(recall_run, capsys):
     assert "token ids separated by spaces" in capsys.readouterr().err
 
 
+def test_streaming_holds_back_an_incomplete_utf8_character():
+    """Byte-level tokens arrive one UTF-8 byte at a time: a 2-, 3- or 4-byte character is printed
+    once, whole, never as U+FFFD; bytes that never make a character are printed at the end."""
+    from flashtrain.data.tokenization import ByteTokenizer
+    from flashtrain.inference.checkpoint import TextTokenizer
+    from flashtrain.inference.generate_cli import Streamer
+
+    tokenizer = TextTokenizer(ByteTokenizer())
+    text = "héllo → 🙂 ok"
+    out = io.StringIO()
+    stream = Streamer(tokenizer, out)
+    printed = []
+    for token in tokenizer.encode(text):
+        stream([token])
+        printed.append(out.getvalue())
+    stream.finish()
+    assert out.getvalue() == text
+    assert all("\ufffd" not in p and text.startswith(p) for p in printed)
+    assert printed[1] == "h" and printed[2] == "hé"  # é is 2 bytes: held back after the first
+    out = io.StringIO()
+    stream = Streamer(tokenizer, out)
+    for token in [*b"ab", 0xE2, 0x82]:  # a 3-byte character cut short
+        stream([token])
+    assert out.getvalue() == "ab"
+    stream.finish()
+    assert out.getvalue() == "ab\ufffd"
+
+
 def test_cache_keeps_a_contexts_window_and_softcap():
     """A layer whose context carries a sliding window and a soft-cap (the Llama family's) decodes
     with them: prefill then one token at a time equals flash_attn_func on the whole sequence."""
