@@ -133,7 +133,10 @@ class AssociativeRecall(DataModule):
         # past the optimum is evaluation noise: at most all of the way
         where = f"eval/loss {eval_loss:.3f}: {bounds}; reached {min(closed, 1.0):.0%} of the way"
         if closed >= 0.1:
-            return f"{where}: the model uses its context (it recalls values from earlier pairs)"
+            return (
+                f"{where}: the model uses its context (at least how often each value occurs in "
+                "it; whether it recalls each key's value: python -m flashtrain.inference.recall)"
+            )
         return f"{where}: the model does not use its context yet (train longer or larger)"
 
     def state_dict(self) -> dict:

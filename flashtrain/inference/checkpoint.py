@@ -49,6 +49,10 @@ class IntegerTokenizer:
     def decode(self, ids) -> str:
         return "".join(f" {i}" for i in ids)
 
+    @property
+    def special_ids(self) -> list[int]:
+        return []
+
 
 class TextTokenizer:
     """A corpus tokenizer (flashtrain.data.tokenization) with encode/decode of one text."""
@@ -66,6 +70,11 @@ class TextTokenizer:
 
     def decode(self, ids) -> str:
         return self.inner.decode(list(ids))
+
+    @property
+    def special_ids(self) -> list[int]:
+        """Ids that stand for no text (<eos>, <pad>, ...)."""
+        return self.inner.special_ids
 
 
 def run_tokenizer(data_cfg: Any):

@@ -132,6 +132,10 @@ class GPT2(TransformerModel):
             )
         return ModelOutput(loss=loss, num_targets=num)
 
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (..., C) -> logits (..., vocab_size): the LM head (tied to the embedding)."""
+        return hidden @ self.output_weight().t()
+
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full (B, T, vocab_size) logits, for inspection and sampling (materialises them)."""
-        return self.hidden_states(input_ids) @ self.output_weight().t()
+        return self.head_logits(self.hidden_states(input_ids))

@@ -254,8 +254,13 @@ class Llama(TransformerModel):
             )
         return ModelOutput(loss=loss, num_targets=num)
 
-    def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None):
-        """Full (B, T, vocab_size) logits, for inspection and sampling (materialises them)."""
-        z = self.hidden_states(input_ids, position_ids=position_ids) @ self.output_weight().t()
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (..., C) -> logits (..., vocab_size): the LM head, then the final softcap; what
+        the loss scores (inference samples and evaluates through this, not a copy of it)."""
+        z = hidden @ self.output_weight().t()
         cap = self.config.final_logit_softcap
         return cap * torch.tanh(z / cap) if cap else z
+
+    def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None):
+        """Full (B, T, vocab_size) logits, for inspection and sampling (materialises them)."""
+        return self.head_logits(self.hidden_states(input_ids, position_ids=position_ids))
