@@ -25,7 +25,7 @@ from flashtrain.kernels.common import (
 from flashtrain.kernels.dropout import seed_args
 from flashtrain.kernels.flash_bwd_dkdv import flash_backward_dkdv_kernel
 from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
-from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
+from flashtrain.kernels.launch_args import call_shapes, score_args, sparse_args
 from flashtrain.kernels.program import head_rows
 from flashtrain.kernels.tma import reduces_through_descriptors, use_descriptors
 from flashtrain.kernels.tuning import config, launch_fitted, split_group
@@ -60,36 +60,36 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
                    max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
                    dropout_p, seed, tables=None, block_size=0, softcap=0.0, alibi_slopes=None,
                    deterministic=True):
-    """Launch the backward; layouts and arguments as flashtrain.kernels.flash_fwd.flash_forward
+    """Launch the backward; shapes and arguments as flashtrain.kernels.flash_fwd.flash_forward
     (the same seed, softcap and alibi_slopes as the forward). Writes dq, dk, dv.
     deterministic: True = the atomics-free, bitwise repeatable path; False = dQ by fp32 atomics
     inside the dK/dV kernel (faster; extra memory: a float32 copy of dq)."""
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic must be a bool, got {deterministic!r}")
-    layout = attention_layout(q, k, lse, cu_seqlens_q, cu_seqlens_k, v, out, dout, dq, dk, dv)
-    q4, k4, v4, o4, do4, dq4 = layout.views(q, k, v, out, dout, dq)
-    dk4, dv4 = layout.views(dk, dv)
-    is_varlen = layout.is_varlen
+    shapes = call_shapes(q, k, lse, cu_seqlens_q, cu_seqlens_k, v, out, dout, dq, dk, dv)
+    q4, k4, v4, o4, do4, dq4 = shapes.views(q, k, v, out, dout, dq)
+    dk4, dv4 = shapes.views(dk, dv)
+    is_varlen = shapes.is_varlen
     cu_q, cu_k = (cu_seqlens_q, cu_seqlens_k) if is_varlen else (lse, lse)  # placeholders
-    slopes, score_scalars, score_flags = score_args(softmax_scale, softcap, alibi_slopes, layout,
+    slopes, score_scalars, score_flags = score_args(softmax_scale, softcap, alibi_slopes, shapes,
                                                     q.device, lse)
     seed_ptr, seed_value, seed_in_memory = seed_args(seed, q.device, lse)
-    dkdv_cfg = config("dkdv", layout.head_dim, q.dtype, q.device, block_size)
+    dkdv_cfg = config("dkdv", shapes.head_dim, q.dtype, q.device, block_size)
     sparse = bool(tables)
     kv_tables, kv_table_strides = sparse_args(tables[:4] if sparse else None, lse)
     q_tables, q_table_strides = sparse_args(tables[4:] if sparse else None, lse)
-    batch_heads_q = layout.batch * layout.heads_q
+    batch_heads_q = shapes.batch * shapes.heads_q
     block_d = dkdv_cfg.block_d
 
     delta = lse.new_empty(lse.shape)
     preprocess_rows = 64
     flash_backward_preprocess[(triton.cdiv(max_seqlen_q, preprocess_rows), batch_heads_q)](
         o4, do4, delta, cu_q, *seq_strides(o4, is_varlen), *seq_strides(do4, is_varlen),
-        *layout.lse_strides, max_seqlen_q, layout.heads_q,
-        HEAD_DIM=layout.head_dim, BLOCK_D=block_d, BLOCK_M=preprocess_rows, IS_VARLEN=is_varlen,
+        *shapes.lse_strides, max_seqlen_q, shapes.heads_q,
+        HEAD_DIM=shapes.head_dim, BLOCK_D=block_d, BLOCK_M=preprocess_rows, IS_VARLEN=is_varlen,
     )
     constexprs = dict(
-        GROUP=layout.heads_q // layout.heads_kv, HEAD_DIM=layout.head_dim, BLOCK_D=block_d,
+        GROUP=shapes.heads_q // shapes.heads_kv, HEAD_DIM=shapes.head_dim, BLOCK_D=block_d,
         PRECISION=dot_precision(q.dtype), IS_VARLEN=is_varlen,
         SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1,
         **score_flags, HAS_DROPOUT=dropout_p > 0.0, SEED_IN_MEMORY=seed_in_memory,
@@ -101,25 +101,25 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
 
     # Grouped-query dK/dV per query head into float32 partials (B, Sk, Hq, D), summed per group
     # below, where the group loop would spill (tuning.split_group).
-    split = layout.heads_q != layout.heads_kv and split_group(block_d, q.device)
+    split = shapes.heads_q != shapes.heads_kv and split_group(block_d, q.device)
     if split:
-        dk_out = torch.empty((*dk4.shape[:2], layout.heads_q, dk4.shape[3]), dtype=torch.float32,
+        dk_out = torch.empty((*dk4.shape[:2], shapes.heads_q, dk4.shape[3]), dtype=torch.float32,
                              device=q.device)  # fmt: skip
         dv_out = torch.empty_like(dk_out)
     else:
         dk_out, dv_out = dk4, dv4
 
     def launch_dkdv(cfg):
-        heads = layout.heads_q if split else layout.heads_kv
-        grid = (triton.cdiv(max_seqlen_k, cfg.block_n), layout.batch * heads)
+        heads = shapes.heads_q if split else shapes.heads_kv
+        grid = (triton.cdiv(max_seqlen_k, cfg.block_n), shapes.batch * heads)
         flash_backward_dkdv_kernel[grid](
             q4, k4, v4, do4, lse, delta, dk_out, dv_out, dq_acc, cu_q, cu_k, slopes, seed_ptr,
             *q_tables,
             *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
             *seq_strides(do4, is_varlen), *seq_strides(dk_out, is_varlen),
             *seq_strides(dv_out, is_varlen),
-            *seq_strides(dq_acc, is_varlen), *layout.lse_strides, *q_table_strides,
-            max_seqlen_q, max_seqlen_k, layout.heads_kv, *scalars,
+            *seq_strides(dq_acc, is_varlen), *shapes.lse_strides, *q_table_strides,
+            max_seqlen_q, max_seqlen_k, shapes.heads_kv, *scalars,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=atomic_dq,
             TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dk_out, dv_out),
             DQ_TMA=atomic_dq and reduces_through_descriptors(cfg, q.device, dq_acc),
@@ -129,8 +129,8 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
 
     launch_fitted("dkdv", dkdv_cfg, launch_dkdv)
     if split:  # the group's shares in a fixed order: deterministic
-        dk4.copy_(dk_out.unflatten(2, (layout.heads_kv, -1)).sum(3))
-        dv4.copy_(dv_out.unflatten(2, (layout.heads_kv, -1)).sum(3))
+        dk4.copy_(dk_out.unflatten(2, (shapes.heads_kv, -1)).sum(3))
+        dv4.copy_(dv_out.unflatten(2, (shapes.heads_kv, -1)).sum(3))
     if atomic_dq:  # the conversion: dQ = softmax_scale * (dS K), in dq's dtype
         dq4.copy_(dq_acc.mul_(softmax_scale))
         return
@@ -142,11 +142,11 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
             q4, k4, v4, do4, lse, delta, dq4, cu_q, cu_k, slopes, seed_ptr, *kv_tables,
             *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),
             *seq_strides(do4, is_varlen), *seq_strides(dq4, is_varlen),
-            *layout.lse_strides, *kv_table_strides,
-            max_seqlen_q, max_seqlen_k, layout.heads_q, *scalars,
+            *shapes.lse_strides, *kv_table_strides,
+            max_seqlen_q, max_seqlen_k, shapes.heads_q, *scalars,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_FIRST=heavy,
             TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dq4), **constexprs,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
-    launch_fitted("dq", config("dq", layout.head_dim, q.dtype, q.device, block_size), launch_dq)
+    launch_fitted("dq", config("dq", shapes.head_dim, q.dtype, q.device, block_size), launch_dq)

@@ -7,12 +7,12 @@ Each program owns its dQ rows, so no atomics: repeated runs are bitwise identica
 import triton
 import triton.language as tl
 
-from flashtrain.kernels.band import allowed, key_block_range
+from flashtrain.kernels.band import allowed
 from flashtrain.kernels.common import load_row_stats, load_rows, store_rows
 from flashtrain.kernels.dropout import dropout_keep
-from flashtrain.kernels.program import head_features, head_rows, program_prologue
+from flashtrain.kernels.program import head_rows, program_prologue, query_tile
 from flashtrain.kernels.scores import pending_scale, tile_scores
-from flashtrain.kernels.visit_plan import segment_tiles, table_row, tile_start
+from flashtrain.kernels.visit_plan import segment_tiles, tile_start
 
 
 @triton.jit
@@ -89,30 +89,22 @@ def flash_backward_dq_kernel(
     pid_m, b, h, q_start, seqlen_q, k_start, seqlen_k, band = program_prologue(
         CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q,
         window_left, window_right, IS_VARLEN, HEAVY_FIRST)
-    h_kv = h // GROUP
     m0 = pid_m * BLOCK_M
-    if m0 >= seqlen_q:
+    if m0 >= seqlen_q:  # a varlen grid's tile past its sequence's end
         return
-    scores, dropout = head_features(ALIBI_SLOPES, SEED, seed, b, h, heads_q, scale_log2,
-                                    softcap_scale, softcap_log2, stride_ab, stride_ah, dropout_p,
-                                    ALIBI, SEED_IN_MEMORY)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    q_src = head_rows(Q, (stride_qb, stride_qm, stride_qh), b, q_start, h, seqlen_q,
-                      HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    offs_m, scores, dropout, q, k_src, v_src, bounds, at = query_tile(
+        Q, K, V, ALIBI_SLOPES, SEED, seed, (b, h, q_start, seqlen_q, k_start, seqlen_k, band), m0,
+        (stride_qb, stride_qm, stride_qh), (stride_kb, stride_kn, stride_kh),
+        (stride_vb, stride_vn, stride_vh), (stride_count_h, stride_index_h, stride_index_row),
+        heads_q, scale_log2, softcap_scale, softcap_log2, stride_ab, stride_ah, dropout_p, GROUP,
+        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, SPARSE_BLOCK, ALIBI, SEED_IN_MEMORY, TMA)
     do_src = head_rows(DO, (stride_dob, stride_dom, stride_doh), b, q_start, h, seqlen_q,
                        HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-    q = load_rows(q_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)  # (BLOCK_M, BLOCK_D)
     do = load_rows(do_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     stats_at = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
     lse, delta = load_row_stats(LSE + stats_at, DELTA + stats_at, offs_m, seqlen_q, True)
-    k_src = head_rows(K, (stride_kb, stride_kn, stride_kh), b, k_start, h_kv, seqlen_k,
-                      HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
-    v_src = head_rows(V, (stride_vb, stride_vn, stride_vh), b, k_start, h_kv, seqlen_k,
-                      HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    bounds = key_block_range(m0, seqlen_k, band, BLOCK_M, BLOCK_N)
     tables = (KV_PARTIAL_COUNT, KV_PARTIAL_INDEX, KV_FULL_COUNT, KV_FULL_INDEX)
-    at = table_row(h, m0 // SPARSE_BLOCK, (stride_count_h, stride_index_h, stride_index_row))
     dq = _dq_key_loop(dq, q, do, lse, delta, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
                       bounds, tables, at, SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N,
                       PRECISION, SPARSE, SPARSE_BLOCK, TMA)

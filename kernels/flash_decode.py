@@ -17,14 +17,18 @@ block_table[b, j // page_size], looked up per key), and optionally a first key (
 position i + seqlen_k[b] - Sq (bottom-right causal alignment).
 
 With one split the partial output is the output: the kernel writes out and lse directly and
-no combine runs.
+no combine runs. Masked entries never contribute, not even as 0 x NaN (MASKED_TILES), and every
+offset is int64 (docs/attention_semantics.md); the integer tables must have their last dim
+contiguous (the API copies a strided one, the launcher refuses it).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from flashtrain.kernels.common import LN2, LOG2E, dot_precision
+from flashtrain.kernels.band import finite_keys
+from flashtrain.kernels.common import LN2, LOG2E, UNBOUNDED, dot_precision
+from flashtrain.kernels.launch_args import check_index_table
 from flashtrain.kernels.scores import tanh
 from flashtrain.kernels.tuning import (
     TileConfig,
@@ -50,7 +54,7 @@ def flash_decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
-    HAS_LEFTPAD: tl.constexpr, PAGED: tl.constexpr,
+    HAS_LEFTPAD: tl.constexpr, PAGED: tl.constexpr, MASKED_TILES: tl.constexpr,
 ):
     split = tl.program_id(0)
     m0 = tl.program_id(1) * BLOCK_M
@@ -58,15 +62,18 @@ def flash_decode_split_kernel(
     h_kv = tl.program_id(2) % heads_kv
     seqlen_k = tl.load(SEQLENS_K + b)
     cache_b = tl.load(CACHE_BATCH_IDX + b) if HAS_BATCH_IDX else b
-    b64, cache_b64 = b.to(tl.int64), cache_b.to(tl.int64)
+    # Offsets in int64 (docs/attention_semantics.md, "Size limits"): a head-major view puts
+    # h * stride_h past 2^31, a long chunk i * stride_m, a long split output split * stride_s.
+    b64, cache_b64, h_kv64, split64 = b.to(tl.int64), cache_b.to(tl.int64), h_kv.to(tl.int64), split.to(tl.int64)
 
     rows = m0 + tl.arange(0, BLOCK_M)  # (BLOCK_M,) in the (Sq * GROUP) row space
     row_ok = rows < seqlen_q * GROUP
     i = rows // GROUP  # query index
     h = h_kv * GROUP + rows % GROUP  # query head
+    i64, h64 = i.to(tl.int64), h.to(tl.int64)
     cols_d = tl.arange(0, BLOCK_D)
     d_ok = cols_d < HEAD_DIM
-    q_ptrs = Q + b64 * stride_qb + i[:, None] * stride_qm + h[:, None] * stride_qh + cols_d[None, :]
+    q_ptrs = Q + b64 * stride_qb + i64[:, None] * stride_qm + h64[:, None] * stride_qh + cols_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
 
     # Keys this tile may see: its split's range, inside the band of its first and last query.
@@ -81,11 +88,11 @@ def flash_decode_split_kernel(
     pos = i + diag  # (BLOCK_M,) key position of each query
 
     if PAGED:  # a page index per key: the cache is a pool of (page_size, Hkv, D) pages
-        k_base = K + h_kv * stride_kh
-        v_base = V + h_kv * stride_vh
+        k_base = K + h_kv64 * stride_kh
+        v_base = V + h_kv64 * stride_vh
     else:
-        k_base = K + cache_b64 * stride_kb + h_kv * stride_kh
-        v_base = V + cache_b64 * stride_vb + h_kv * stride_vh
+        k_base = K + cache_b64 * stride_kb + h_kv64 * stride_kh
+        v_base = V + cache_b64 * stride_vb + h_kv64 * stride_vh
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -111,13 +118,22 @@ def flash_decode_split_kernel(
             s += slope_log2[:, None] * tl.abs(pos[:, None] - cols[None, :]).to(tl.float32)
         keep = (col_ok[None, :] & row_ok[:, None] & (cols[None, :] <= pos[:, None] + window_right)
                 & (cols[None, :] >= pos[:, None] - window_left))
-        s = tl.where(keep, s, float("-inf"))
+        if MASKED_TILES:
+            # A key loaded for one row may be masked for another, and masked entries never
+            # contribute, not even as 0 * NaN (docs/attention_semantics.md): V's non-finite
+            # entries are zeroed and a row that sees such a key gets a NaN score.
+            v = tl.load(v_base + v_rows[:, None] + cols_d[None, :], mask=kv_mask, other=0.0)
+            v, key_bad = finite_keys(v)
+            s = tl.where(keep, tl.where(key_bad[None, :], float("nan"), s), float("-inf"))
+        else:
+            s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
         p = tl.math.exp2(s - m_shift[:, None])
         alpha = tl.math.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + v_rows[:, None] + cols_d[None, :], mask=kv_mask, other=0.0)
+        if not MASKED_TILES:
+            v = tl.load(v_base + v_rows[:, None] + cols_d[None, :], mask=kv_mask, other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
@@ -126,10 +142,10 @@ def flash_decode_split_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
-    o_ptrs = (O + split * stride_os + b64 * stride_ob + i[:, None] * stride_om
-              + h[:, None] * stride_oh + cols_d[None, :])
+    o_ptrs = (O + split64 * stride_os + b64 * stride_ob + i64[:, None] * stride_om
+              + h64[:, None] * stride_oh + cols_d[None, :])
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    lse_ptrs = LSE + split * stride_ls + b64 * stride_lb + h * stride_lh + i * stride_lm
+    lse_ptrs = LSE + split64 * stride_ls + b64 * stride_lb + h64 * stride_lh + i64 * stride_lm
     tl.store(lse_ptrs, lse, mask=row_ok)
 
 
@@ -137,15 +153,16 @@ def flash_decode_split_kernel(
 def flash_decode_combine_kernel(
     O_PART, LSE_PART, O, LSE, splits, heads_q, seqlen_q,
     stride_ps, stride_pb, stride_pm, stride_ph, stride_qs, stride_qb, stride_qh, stride_qm,
-    stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+    stride_ob, stride_om, stride_oh, stride_lb, stride_lh, stride_lm,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    """One program per output row (b, i, h): merge the splits' (out_s, lse_s) through the LSE."""
-    row = tl.program_id(0)
+    """One program per output row (b, i, h): merge the splits' (out_s, lse_s) through the LSE.
+    Offsets in int64, as in the split kernel."""
+    row = tl.program_id(0).to(tl.int64)
     h = row % heads_q
     i = (row // heads_q) % seqlen_q
-    b = (row // heads_q // seqlen_q).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
+    b = row // heads_q // seqlen_q
+    offs_s = tl.arange(0, BLOCK_S).to(tl.int64)
     lse_s = tl.load(LSE_PART + offs_s * stride_qs + b * stride_qb + h * stride_qh + i * stride_qm,
                     mask=offs_s < splits, other=float("-inf"))
     lse_max = tl.max(lse_s, 0)
@@ -155,13 +172,16 @@ def flash_decode_combine_kernel(
     cols_d = tl.arange(0, BLOCK_D)
     d_ok = cols_d < HEAD_DIM
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    base = O_PART + b * stride_pb + i * stride_pm + h * stride_ph
-    for s in range(splits):
-        lse_one = tl.load(LSE_PART + s * stride_qs + b * stride_qb + h * stride_qh + i * stride_qm)
+    o_part = O_PART + b * stride_pb + i * stride_pm + h * stride_ph  # split 0's row
+    lse_part = LSE_PART + b * stride_qb + h * stride_qh + i * stride_qm
+    for _ in range(splits):  # pointers step on: no split * stride product to overflow
+        lse_one = tl.load(lse_part)
         weight = tl.where(lse_one == float("-inf"), 0.0, tl.math.exp2((lse_one - lse) * LOG2E))
-        acc += weight * tl.load(base + s * stride_ps + cols_d, mask=d_ok, other=0.0)
+        acc += weight * tl.load(o_part + cols_d, mask=d_ok, other=0.0)
+        o_part += stride_ps
+        lse_part += stride_qs
     tl.store(O + b * stride_ob + i * stride_om + h * stride_oh + cols_d, acc.to(O.dtype.element_ty), mask=d_ok)
-    tl.store(LSE + b * stride_lb + h * stride_lh + i, lse)
+    tl.store(LSE + b * stride_lb + h * stride_lh + i * stride_lm, lse)
 
 
 # ------------------------------------------------------------------ host side
@@ -218,6 +238,11 @@ def flash_decode(q, k_cache, v_cache, out, lse, seqlens_k, *, cache_batch_idx, s
     is right = 0, aligned per batch entry at the bottom right. alibi_slopes None or float32
     (B, Hq). num_splits: 0 chooses from the shape (choose_splits), else at most that many (one
     per key tile and MAX_SPLITS at most). Nothing here reads a device value: no host sync."""
+    tables = dict(seqlens_k=seqlens_k, cache_batch_idx=cache_batch_idx,
+                  cache_leftpad=cache_leftpad, block_table=block_table)  # fmt: skip
+    for name, table in tables.items():  # read with stride 1 along the last dim: no strided view
+        if table is not None:
+            check_index_table(name, table)
     batch, seqlen_q, heads_q, head_dim = q.shape
     cache_len, heads_kv = k_cache.shape[1], k_cache.shape[2]
     page_size = k_cache.shape[1]
@@ -231,6 +256,9 @@ def flash_decode(q, k_cache, v_cache, out, lse, seqlens_k, *, cache_batch_idx, s
     slopes = alibi_slopes if alibi_slopes is not None else lse
     slope_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
     batch_idx = cache_batch_idx if cache_batch_idx is not None else seqlens_k
+    # The rows of a tile see different key ranges only with several queries and a bounded
+    # band side; otherwise every key a tile loads is seen by all its rows.
+    masked_tiles = seqlen_q > 1 and (window_left < UNBOUNDED or window_right < UNBOUNDED)
 
     def launch(cfg):
         row_tiles = triton.cdiv(rows, cfg.block_m)
@@ -262,12 +290,13 @@ def flash_decode(q, k_cache, v_cache, out, lse, seqlens_k, *, cache_batch_idx, s
             BLOCK_N=cfg.block_n, PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0.0,
             ALIBI=alibi_slopes is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
             HAS_LEFTPAD=cache_leftpad is not None, PAGED=block_table is not None,
+            MASKED_TILES=masked_tiles,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         if splits > 1:
             flash_decode_combine_kernel[(batch * seqlen_q * heads_q,)](
                 o_part, lse_part, out, lse, splits, heads_q, seqlen_q,
-                *o_part.stride()[:4], *lse_part.stride(), *out.stride()[:3], *lse.stride()[:2],
+                *o_part.stride()[:4], *lse_part.stride(), *out.stride()[:3], *lse.stride(),
                 HEAD_DIM=head_dim, BLOCK_D=cfg.block_d,
                 BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=1 if head_dim <= 64 else 2,
             )

@@ -12,7 +12,7 @@ partial ones masked and full ones not (flashtrain.kernels.visit_plan).
 import triton
 import triton.language as tl
 
-from flashtrain.kernels.band import allowed, finite_keys, key_block_range
+from flashtrain.kernels.band import allowed, finite_keys
 from flashtrain.kernels.common import (
     LN2,
     dot_precision,
@@ -23,12 +23,12 @@ from flashtrain.kernels.common import (
     tile_grid,
 )
 from flashtrain.kernels.dropout import dropout_keep, seed_args
-from flashtrain.kernels.launch_args import attention_layout, score_args, sparse_args
-from flashtrain.kernels.program import head_features, head_rows, program_prologue
+from flashtrain.kernels.launch_args import call_shapes, score_args, sparse_args
+from flashtrain.kernels.program import head_rows, program_prologue, query_tile
 from flashtrain.kernels.scores import pending_scale, tile_scores
 from flashtrain.kernels.tma import use_descriptors
 from flashtrain.kernels.tuning import forward_config, launch_fitted
-from flashtrain.kernels.visit_plan import segment_tiles, table_row, tile_start
+from flashtrain.kernels.visit_plan import segment_tiles, tile_start
 
 
 @triton.jit
@@ -115,29 +115,20 @@ def flash_forward_kernel(
     pid_m, b, h, q_start, seqlen_q, k_start, seqlen_k, band = program_prologue(
         CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads_q,
         window_left, window_right, IS_VARLEN, HEAVY_FIRST)
-    h_kv = h // GROUP
     m0 = pid_m * BLOCK_M
-    if m0 >= seqlen_q:
+    if m0 >= seqlen_q:  # a varlen grid's tile past its sequence's end
         return
-    scores, dropout = head_features(ALIBI_SLOPES, SEED, seed, b, h, heads_q, scale_log2,
-                                    softcap_scale, softcap_log2, stride_ab, stride_ah, dropout_p,
-                                    ALIBI, SEED_IN_MEMORY)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    q_src = head_rows(Q, (stride_qb, stride_qm, stride_qh), b, q_start, h, seqlen_q,
-                      HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-    q = load_rows(q_src, m0, True, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)  # (BLOCK_M, BLOCK_D)
-    k_src = head_rows(K, (stride_kb, stride_kn, stride_kh), b, k_start, h_kv, seqlen_k,
-                      HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
-    v_src = head_rows(V, (stride_vb, stride_vn, stride_vh), b, k_start, h_kv, seqlen_k,
-                      HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    offs_m, scores, dropout, q, k_src, v_src, bounds, at = query_tile(
+        Q, K, V, ALIBI_SLOPES, SEED, seed, (b, h, q_start, seqlen_q, k_start, seqlen_k, band), m0,
+        (stride_qb, stride_qm, stride_qh), (stride_kb, stride_kn, stride_kh),
+        (stride_vb, stride_vn, stride_vh), (stride_count_h, stride_index_h, stride_index_row),
+        heads_q, scale_log2, softcap_scale, softcap_log2, stride_ab, stride_ah, dropout_p, GROUP,
+        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, SPARSE_BLOCK, ALIBI, SEED_IN_MEMORY, TMA)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    # Dense: the band's key range; sparse: the kept key blocks of the query tile's layout block.
-    bounds = key_block_range(m0, seqlen_k, band, BLOCK_M, BLOCK_N)
     tables = (KV_PARTIAL_COUNT, KV_PARTIAL_INDEX, KV_FULL_COUNT, KV_FULL_INDEX)
-    at = table_row(h, m0 // SPARSE_BLOCK, (stride_count_h, stride_index_h, stride_index_row))
     acc, l_i, m_i, tiles = _forward_key_loop(
         acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, scores, dropout,
         bounds, tables, at, SOFTCAP, ALIBI, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
@@ -174,30 +165,30 @@ def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     visits: optional zeroed int32 tensor (B * Hq * query tiles,) that receives, per program,
     the number of key tiles it streamed.
     """
-    layout = attention_layout(q, k, lse, cu_seqlens_q, cu_seqlens_k, v, out)
-    q4, k4, v4, o4 = layout.views(q, k, v, out)
-    cu_q, cu_k = (cu_seqlens_q, cu_seqlens_k) if layout.is_varlen else (lse, lse)  # placeholders
-    slopes, score_scalars, score_flags = score_args(softmax_scale, softcap, alibi_slopes, layout,
+    shapes = call_shapes(q, k, lse, cu_seqlens_q, cu_seqlens_k, v, out)
+    q4, k4, v4, o4 = shapes.views(q, k, v, out)
+    cu_q, cu_k = (cu_seqlens_q, cu_seqlens_k) if shapes.is_varlen else (lse, lse)  # placeholders
+    slopes, score_scalars, score_flags = score_args(softmax_scale, softcap, alibi_slopes, shapes,
                                                     q.device, lse)
     seed_ptr, seed_value, seed_in_memory = seed_args(seed, q.device, lse)
-    cfg = forward_config(layout.head_dim, q.dtype, q.device, block_size)
+    cfg = forward_config(shapes.head_dim, q.dtype, q.device, block_size)
     sparse = bool(tables)
     heavy = heavy_first(window_left, window_right)
     table_tensors, table_stride_args = sparse_args(tables[:4] if sparse else None, lse)
 
     def launch(cfg):
-        grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), layout.batch * layout.heads_q, heavy)
+        grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), shapes.batch * shapes.heads_q, heavy)
         flash_forward_kernel[grid](
             q4, k4, v4, o4, lse, cu_q, cu_k, slopes, seed_ptr, visits if visits is not None else lse,
             *table_tensors,
-            *seq_strides(q4, layout.is_varlen), *seq_strides(k4, layout.is_varlen),
-            *seq_strides(v4, layout.is_varlen), *seq_strides(o4, layout.is_varlen),
-            *layout.lse_strides, *table_stride_args,
-            max_seqlen_q, max_seqlen_k, layout.heads_q, window_left, window_right,
+            *seq_strides(q4, shapes.is_varlen), *seq_strides(k4, shapes.is_varlen),
+            *seq_strides(v4, shapes.is_varlen), *seq_strides(o4, shapes.is_varlen),
+            *shapes.lse_strides, *table_stride_args,
+            max_seqlen_q, max_seqlen_k, shapes.heads_q, window_left, window_right,
             *score_scalars, dropout_p, seed_value,
-            GROUP=layout.heads_q // layout.heads_kv, HEAD_DIM=layout.head_dim, BLOCK_D=cfg.block_d,
+            GROUP=shapes.heads_q // shapes.heads_kv, HEAD_DIM=shapes.head_dim, BLOCK_D=cfg.block_d,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PRECISION=dot_precision(q.dtype),
-            IS_VARLEN=layout.is_varlen, SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1,
+            IS_VARLEN=shapes.is_varlen, SPARSE=sparse, SPARSE_BLOCK=block_size if sparse else 1,
             **score_flags, HAS_DROPOUT=dropout_p > 0.0, SEED_IN_MEMORY=seed_in_memory,
             COUNT_VISITS=visits is not None, HEAVY_FIRST=heavy,
             TMA=use_descriptors(cfg, q.device, q4, k4, v4, o4),

@@ -12,8 +12,8 @@ from flashtrain.kernels.common import LOG2E, MAX_HEAD_DIM, table_strides
 
 
 @dataclass(frozen=True)
-class Layout:
-    """How a call's tensors are laid out. Dense: q (B, Sq, Hq, D), lse (B, Hq, Sq). Packed
+class CallShapes:
+    """The shapes of one call's tensors, as the kernels address them. Dense: q (B, Sq, Hq, D), lse (B, Hq, Sq). Packed
     (varlen): q (total_q, Hq, D), lse (Hq, total_q), cu_seqlens int32 (B + 1,); the kernels see
     packed tensors as a batch of one, (1, total, H, D)."""
 
@@ -39,7 +39,7 @@ def check_index_table(name: str, table: torch.Tensor) -> None:
         )
 
 
-def attention_layout(q, k, lse, cu_seqlens_q, cu_seqlens_k, *head_dim_last) -> Layout:
+def call_shapes(q, k, lse, cu_seqlens_q, cu_seqlens_k, *head_dim_last) -> CallShapes:
     """Check what the kernels assume (the op layer validates user input) and describe the call.
     head_dim_last: every tensor whose head_dim the kernels address with stride 1."""
     is_varlen = cu_seqlens_q is not None
@@ -61,10 +61,10 @@ def attention_layout(q, k, lse, cu_seqlens_q, cu_seqlens_k, *head_dim_last) -> L
         batch, lse_strides = cu_seqlens_q.numel() - 1, (0, lse.stride(0))
     else:
         batch, lse_strides = q.shape[0], (lse.stride(0), lse.stride(1))
-    return Layout(is_varlen, batch, q.shape[-2], k.shape[-2], head_dim, lse_strides)
+    return CallShapes(is_varlen, batch, q.shape[-2], k.shape[-2], head_dim, lse_strides)
 
 
-def score_args(softmax_scale: float, softcap: float, alibi_slopes, layout: Layout, device,
+def score_args(softmax_scale: float, softcap: float, alibi_slopes, shapes: CallShapes, device,
                placeholder: torch.Tensor):
     """Kernel arguments: the ALIBI_SLOPES pointer, the scalars
         (scale_log2, softcap_scale, softcap_log2, stride_ab, stride_ah)
@@ -77,7 +77,7 @@ def score_args(softmax_scale: float, softcap: float, alibi_slopes, layout: Layou
     if alibi_slopes is None:
         slopes, slope_strides = placeholder, (0, 0)
     else:
-        want = (layout.batch, layout.heads_q)
+        want = (shapes.batch, shapes.heads_q)
         if (
             not isinstance(alibi_slopes, torch.Tensor)
             or tuple(alibi_slopes.shape) != want

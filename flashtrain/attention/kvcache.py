@@ -18,12 +18,13 @@ from flashtrain.attention.reference import fold_window
 from flashtrain.attention.rotary import apply_rotary_at, check_rotary_tables
 
 
-def _check_index_tensor(name: str, t, batch: int, device) -> None:
+def _index_tensor(name: str, t, batch: int, device) -> torch.Tensor:
+    """An int32 (batch,) table, contiguous (validation.index_table: the kernel reads entry b at
+    `table + b`, so a strided view is copied)."""
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (batch,):
         got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
         raise ValueError(f"{name} must be an int32 tensor of shape ({batch},), got {got}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    return validation.index_table(t, name, device, f"shape ({batch},)")
 
 
 def _check_cache(q, k_cache, v_cache, k, v) -> None:
@@ -37,7 +38,9 @@ def _check_cache(q, k_cache, v_cache, k, v) -> None:
         raise ValueError(
             f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
-    # dtypes, devices, head_dim, GQA (the cache's batch is its own: cache_batch_idx)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_cache_len(t.shape[1], f"{name} has seqlen {t.shape[1]}")
+    # dtypes, devices, head_dim, GQA, int32 limits (the cache's batch is its own: cache_batch_idx)
     validation.check_qkv(q[:0], k_cache[:0], v_cache[:0])
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
@@ -65,6 +68,15 @@ def _check_cache(q, k_cache, v_cache, k, v) -> None:
                 )
 
 
+def _check_cache_len(cache_len: int, what: str) -> None:
+    """Key positions stay int32 in the kernel (docs/attention_semantics.md, "Size limits")."""
+    if cache_len > validation.MAX_SEQLEN:
+        raise ValueError(
+            f"{what}; the kernels allow up to {validation.MAX_SEQLEN} (2^30 - 1) keys per "
+            "cache entry"
+        )
+
+
 def _cache_seqlens_tensor(cache_seqlens, batch: int, device) -> torch.Tensor:
     if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, (int, torch.Tensor)):
         raise ValueError(
@@ -75,11 +87,11 @@ def _cache_seqlens_tensor(cache_seqlens, batch: int, device) -> torch.Tensor:
         if cache_seqlens < 0:
             raise ValueError(f"cache_seqlens must be >= 0, got {cache_seqlens}")
         return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
-    _check_index_tensor("cache_seqlens", cache_seqlens, batch, device)
-    return cache_seqlens
+    return _index_tensor("cache_seqlens", cache_seqlens, batch, device)
 
 
-def _check_block_table(block_table, batch: int, device, cache_batch_idx) -> None:
+def _block_table(block_table, batch: int, device, cache_batch_idx) -> torch.Tensor:
+    """The int32 (batch, pages) table, contiguous (the kernel reads a row with stride 1)."""
     if (
         not isinstance(block_table, torch.Tensor)
         or block_table.dtype != torch.int32
@@ -91,12 +103,11 @@ def _check_block_table(block_table, batch: int, device, cache_batch_idx) -> None
             else type(block_table).__name__
         )
         raise ValueError(f"block_table must be an int32 tensor ({batch}, pages >= 1), got {got}")
-    if block_table.device != device:
-        raise ValueError(f"block_table is on {block_table.device} but q is on {device}")
     if cache_batch_idx is not None:
         raise ValueError(
             "a paged cache (block_table) names each entry's pages: drop cache_batch_idx"
         )
+    return validation.index_table(block_table, "block_table", device, "pages", dims=2)
 
 
 def _check_values(cache_seqlens, new_len, cache_len, cache_batch_idx, cache_rows, leftpad,
@@ -190,17 +201,21 @@ def flash_attn_with_kvcache(
     cache_rows, cache_len = k_cache.shape[:2]
     device = q.device
     if block_table is not None:
-        _check_block_table(block_table, batch, device, cache_batch_idx)
+        block_table = _block_table(block_table, batch, device, cache_batch_idx)
         cache_len = block_table.shape[1] * k_cache.shape[1]  # an entry's pages hold this many keys
+        _check_cache_len(
+            cache_len, f"block_table gives each entry {block_table.shape[1]} pages x "
+            f"{k_cache.shape[1]} keys = {cache_len} keys"
+        )  # fmt: skip
     elif cache_batch_idx is not None:
-        _check_index_tensor("cache_batch_idx", cache_batch_idx, batch, device)
+        cache_batch_idx = _index_tensor("cache_batch_idx", cache_batch_idx, batch, device)
     elif cache_rows != batch:
         raise ValueError(
             f"the cache has {cache_rows} rows but q has batch {batch}: pass cache_batch_idx "
             "(int32 (batch,)) to say which row each batch entry uses"
         )
     if cache_leftpad is not None:
-        _check_index_tensor("cache_leftpad", cache_leftpad, batch, device)
+        cache_leftpad = _index_tensor("cache_leftpad", cache_leftpad, batch, device)
     new_len = 0 if k is None else k.shape[1]
     if cache_seqlens is None:
         if k is not None or cache_leftpad is not None:

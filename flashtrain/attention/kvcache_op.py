@@ -17,8 +17,9 @@ from flashtrain.attention.route import route_for
 CHUNK = 256
 
 
-def _torch_chunk(q, k, v, seqlens_k, leftpad, slopes, scale, left, right, softcap, rows):
-    """(out (B, Sq_chunk, Hq, D), lse (B, Hq, Sq_chunk)) of query rows `rows` (a slice)."""
+def _torch_chunk(q, k, v, v_bad, seqlens_k, leftpad, slopes, scale, left, right, softcap, rows):
+    """(out (B, Sq_chunk, Hq, D), lse (B, Hq, Sq_chunk)) of query rows `rows` (a slice).
+    v_bad: None, or bool like v where v held a non-finite value (v holds 0 there)."""
     batch, seqlen_q, heads_q, _ = q.shape
     cache_len = k.shape[1]
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -44,6 +45,9 @@ def _torch_chunk(q, k, v, seqlens_k, leftpad, slopes, scale, left, right, softca
     lse = torch.logsumexp(s, dim=-1)  # (B, Hq, r)
     p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
     out = torch.einsum("bhqk,bkhd->bqhd", p, v.to(dtype))
+    if v_bad is not None:  # NaN back where a row sees a non-finite value (keep: (B, r, S))
+        seen_bad = torch.einsum("bqk,bkhd->bqhd", keep.to(dtype), v_bad.to(dtype)) > 0
+        out = out.masked_fill(seen_bad, float("nan"))
     return out, lse.float()
 
 
@@ -58,14 +62,25 @@ def torch_kvcache_attention(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cac
     else:
         k = k_cache[cache_batch_idx.long()] if cache_batch_idx is not None else k_cache
         v = v_cache[cache_batch_idx.long()] if cache_batch_idx is not None else v_cache
+    # Masked entries never contribute (docs/attention_semantics.md): p = 0 on unused slots, the
+    # left padding and keys outside the band would still give p x NaN = NaN, so V's non-finite
+    # values are zeroed here and put back as NaN per row where the row sees them. K needs
+    # nothing: its NaN scores are masked to -inf. One isfinite pass; nothing more if all finite.
+    v_bad = ~torch.isfinite(v)
+    if bool(v_bad.any()):
+        v = v.masked_fill(v_bad, 0.0)
+    else:
+        v_bad = None
     group = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)  # (B, S, Hq, D)
+    if v_bad is not None:
+        v_bad = v_bad.repeat_interleave(group, dim=2)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
     for start in range(0, q.shape[1], CHUNK):
         rows = slice(start, min(start + CHUNK, q.shape[1]))
         o, chunk_lse = _torch_chunk(
-            q, k, v, seqlens_k, cache_leftpad, slopes, scale, left, right, softcap, rows
+            q, k, v, v_bad, seqlens_k, cache_leftpad, slopes, scale, left, right, softcap, rows
         )
         out[:, rows] = o.to(q.dtype)
         lse[..., rows] = chunk_lse

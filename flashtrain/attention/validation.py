@@ -131,14 +131,15 @@ def values_checked(device: torch.device) -> bool:
     return device.type == "cpu" or os.environ.get("FLASHTRAIN_CHECK_INPUTS", "0") == "1"
 
 
-def index_table(t, name: str, device: torch.device, what: str) -> torch.Tensor:
-    """A 1-D int32 table the kernels index themselves (cu_seqlens and the like): checked for
-    type, dtype, rank and device, and returned contiguous: the kernels read entry b at
-    `table + b`, so a strided view (`cu[::2]`) would read the entries in between. Copying a
-    few integers costs nothing; refusing it would only move the copy into the user's code."""
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
+def index_table(t, name: str, device: torch.device, what: str, *, dims: int = 1) -> torch.Tensor:
+    """An int32 table of `dims` dims the kernels index themselves (cu_seqlens, cache lengths,
+    batch indices, block tables): checked for type, dtype, rank and device, and returned
+    contiguous: the kernels read entry b at `table + b` (a row of a 2-D table likewise), so a
+    strided view (`cu[::2]`) would read the entries in between. Copying a few integers costs
+    nothing; refusing it would only move the copy into the user's code."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != dims:
         got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name} must be a 1-D int32 tensor of {what}, got {got}")
+        raise ValueError(f"{name} must be a {dims}-D int32 tensor of {what}, got {got}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but q is on {device}")
     return t.contiguous()

@@ -153,7 +153,10 @@ class PathfinderConfig(CachedDataConfig):
     contour_length: int = 14  # LRA difficulty: 6 (easy), 9, 14 (hard)
     num_samples: int = 200_000  # LRA used 200K images per difficulty
     generator_seed: int = 0
-    num_workers: int | None = None  # generator processes (None = all cores)
+    # generator processes: null or 1 = the calling process, N > 1 = N workers (the calling
+    # script's top level must be guarded); train.py and scripts/prepare_data.py read null as
+    # all cores
+    num_workers: int | None = None
     vocab_size: int = 256  # pixel intensities
     num_classes: int = 2  # the two markers on one contour or not
 

@@ -39,6 +39,8 @@ class DataModule:
     loss_bounds(): None, or {what: loss in nats} that put a run's loss in context.
     loss_verdict(eval_loss): None, or a sentence saying what a final eval loss shows.
     prepare(cfg): the one-off work (tokenizing, generating) before any run; what it made.
+    command_line_settings(cfg): {key: value} train.py and scripts/prepare_data.py apply to cfg
+    (their top level is guarded, so they may start worker processes); {} for most loaders.
 
     Constructed as cls(cfg, run): cfg the loader's dataclass from flashtrain.data.config (the
     class attribute `Config`, whose `loader` default is the key in registry.LOADERS), run a
@@ -64,6 +66,12 @@ class DataModule:
     @classmethod
     def prepare(cls, cfg, *, progress: bool = True) -> dict:
         return {"note": f"{cfg.name} is generated or read on the fly; nothing to prepare"}
+
+    @classmethod
+    def command_line_settings(cls, cfg) -> dict:
+        """Config keys the command-line programs (train.py, scripts/prepare_data.py) set on
+        top of cfg: worker processes that the library, callable from any script, leaves off."""
+        return {}
 
     def train_batches(self) -> Iterator[dict[str, torch.Tensor]]:
         raise NotImplementedError

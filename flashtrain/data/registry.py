@@ -40,6 +40,15 @@ def _loader(cfg: DataConfig) -> type[DataModule]:
     return DATA.build_class(cfg).for_config(cfg)
 
 
+def command_line_settings(data_cfg: Any) -> dict[str, Any]:
+    """{key: value} that train.py and scripts/prepare_data.py set on a data config: the
+    library works in the calling process by default, and these programs, whose top level is
+    guarded, use worker processes where the config leaves it open (Pathfinder's
+    data.num_workers=null: all cores)."""
+    cfg = data_config(data_cfg)
+    return DATA.build_class(cfg).for_config(cfg).command_line_settings(cfg)
+
+
 def build_data(
     data_cfg: Any,
     *,

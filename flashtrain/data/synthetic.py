@@ -121,12 +121,22 @@ class AssociativeRecall(DataModule):
                 f"use seq_len >= 3 to measure recall"
             )
         closed = (floor - eval_loss) / (floor - best)
-        where = (
-            f"eval/loss {eval_loss:.3f}: the no-context floor is {floor:.3f}, the best possible "
-            f"at seq_len {self.seq_len} is {best:.3f}; reached {closed:.0%} of the way"
+        bounds = (
+            f"the no-context floor is {floor:.3f}, the best possible at seq_len {self.seq_len} "
+            f"is {best:.3f}"
         )
+        if closed < 0:  # a share of the gap below 0 says nothing (the gap may be tiny: seq_len 3)
+            return (
+                f"eval/loss {eval_loss:.3f} is above the no-context floor ({bounds}): the model "
+                f"does not use its context yet (train longer or larger)"
+            )
+        # past the optimum is evaluation noise: at most all of the way
+        where = f"eval/loss {eval_loss:.3f}: {bounds}; reached {min(closed, 1.0):.0%} of the way"
         if closed >= 0.1:
-            return f"{where}: the model uses its context (it recalls values from earlier pairs)"
+            return (
+                f"{where}: the model uses its context (at least how often each value occurs in "
+                "it; whether it recalls each key's value: python -m flashtrain.inference.recall)"
+            )
         return f"{where}: the model does not use its context yet (train longer or larger)"
 
     def state_dict(self) -> dict:

@@ -5,7 +5,7 @@ attention inside transformers models.
     from flashtrain.hf.export import export_checkpoint   # above flashtrain.train: reads checkpoints
     hf_model = to_hf(model)                      # GPT2LMHeadModel / BertForMaskedLM / ...
     model = from_hf("path/or/hub-id")            # or from a transformers model object
-    export_checkpoint("run/checkpoints", "out")  # a folder from_pretrained loads (export.py)
+    export_checkpoint("outputs/RUN", "out")      # a folder from_pretrained loads (export.py)
     register()                                   # attn_implementation="flashtrain" (attention.py)
 
 Training needs none of this (model.init_from=hf:... imports only source.py's readers, which need

@@ -16,7 +16,9 @@ the kernels cannot honour first:
 
 - an arbitrary 4-D attention mask (a float bias, a custom pattern): falls back to PyTorch SDPA
   (refused when the layer also needs softcap, which SDPA lacks), with a one-time warning;
-- output_attentions=True: refused (no kernel materialises the probabilities); use "eager".
+- output_attentions=True (passed to the layer, as Llama does, or recorded by transformers' output
+  hooks, as for GPT-2, which pops the flag): refused (no kernel materialises the probabilities);
+  use "eager".
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def flashtrain_attention_forward(
     float32 inputs to half precision: flashtrain's ops take float32 as they are."""
     from transformers.modeling_flash_attention_utils import _flash_attention_forward
 
-    if kwargs.get("output_attentions", False):
+    if _attentions_requested(kwargs):
         raise ValueError(
             'attn_implementation="flashtrain" computes no attention probabilities: '
             'output_attentions=True needs attn_implementation="eager"'
@@ -127,6 +129,21 @@ def flashtrain_attention_forward(
         **kwargs,
     )
     return out, None  # (B, T, Hq, D)
+
+
+def _attentions_requested(kwargs: dict) -> bool:
+    """Whether the caller asked for the attention probabilities (output_attentions=True, in the
+    call or the config). Some layers pass the flag on (Llama); others do not (GPT-2 pops it) and
+    transformers' output recorder collects what each attention layer returns, so its active
+    collector is asked too."""
+    if kwargs.get("output_attentions", False):
+        return True
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # a transformers without the recorder passes the flag on
+        return False
+    collecting = _active_collector.get() or {}
+    return "attentions" in collecting or "cross_attentions" in collecting
 
 
 def _sdpa_fallback(module, query, key, value, attention_mask, **kwargs):

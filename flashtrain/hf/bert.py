@@ -67,12 +67,6 @@ class BertMapping(ArchMapping):
         return CLASSES[cfg.head]
 
     def hf_config(self, cfg: BertConfig) -> dict:
-        if cfg.head == "mlm" and cfg.activation != "gelu":
-            raise ValueError(
-                f"BERT with model.activation={cfg.activation} and head=mlm has no transformers "
-                "equivalent: BertForMaskedLM's head applies hidden_act, flashtrain's the exact "
-                "(erf) GELU; export activation=gelu models"
-            )
         out = {
             "model_type": "bert",
             "architectures": [self.hf_class(cfg)],

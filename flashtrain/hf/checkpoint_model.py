@@ -1,6 +1,7 @@
 """A flashtrain model back from a trainer checkpoint, single-process or sharded, in one process.
 
-    model, info = load_checkpoint_model("outputs/.../checkpoints")   # or a step_NNNNNN folder
+    model, info = load_checkpoint_model("outputs/2026-01-01/12-00-00")   # a run directory,
+    # its checkpoints/ folder, or one step_NNNNNN folder
 
 The checkpoint is verified against its checksums first (flashtrain.train.checkpoint); the model
 is rebuilt from the config recorded in its meta.json (without its init_from, which the saved
@@ -24,8 +25,9 @@ from flashtrain.train.checkpoint import (
     MODEL_OPTIM,
     CheckpointError,
     read_meta,
-    resolve_resume,
+    resolve_checkpoint,
 )
+from flashtrain.train.run_info import read_run_info
 
 
 @dataclass
@@ -34,16 +36,15 @@ class CheckpointInfo:
     step: int
     meta: dict
     run_config: dict  # the run's resolved config (config.yaml), {} when absent
+    run_info: dict  # the run directory's run.json (commits, device), {} when absent
 
 
 def load_checkpoint_model(
     path: str | Path, attention="reference"
 ) -> tuple[TransformerModel, CheckpointInfo]:
-    """The model saved in checkpoint `path` (a step folder, or a checkpoints folder: its newest
-    intact checkpoint), on CPU in the dtype it was saved in, in eval mode."""
-    step_dir = resolve_resume(str(path), path)
-    if step_dir is None:
-        raise CheckpointError(f"no checkpoint at {path}")
+    """The model saved in checkpoint `path` (a step folder, a checkpoints folder or a run
+    directory: its newest intact checkpoint), on CPU in the dtype it was saved in, in eval mode."""
+    step_dir = resolve_checkpoint(path)
     meta = read_meta(step_dir)
     if not meta.get("model_config"):
         raise CheckpointError(f"checkpoint {step_dir} records no model_config in its meta.json")
@@ -67,4 +68,5 @@ def load_checkpoint_model(
     run_config = {}
     if (step_dir / CONFIG).is_file():
         run_config = OmegaConf.to_container(OmegaConf.load(step_dir / CONFIG), resolve=False)
-    return model.eval(), CheckpointInfo(step_dir, int(meta["step"]), meta, run_config)
+    run_info = read_run_info(step_dir.parent.parent)  # RUN/checkpoints/step_NNNNNN
+    return model.eval(), CheckpointInfo(step_dir, int(meta["step"]), meta, run_config, run_info)

@@ -1,6 +1,6 @@
 """A flashtrain checkpoint -> a folder transformers' from_pretrained loads with no custom code.
 
-    export_checkpoint("outputs/.../checkpoints", "my-model")     # scripts/export_hf.py
+    export_checkpoint("outputs/2026-01-01/12-00-00", "my-model")     # scripts/export_hf.py
 
 Writes config.json, model.safetensors (sharded with an index above max_shard_size),
 generation_config.json for decoders, the run's tokenizer files when it used a Hugging Face
@@ -37,10 +37,10 @@ def export_checkpoint(
     tokenizer: bool = True,
     overwrite: bool = False,
 ) -> Path:
-    """Export `checkpoint` (a step folder, or a checkpoints folder: its newest intact one) to
-    `out_dir`. dtype: float32 | bfloat16 | float16 (default: as saved). tokenizer=False skips
-    the tokenizer files (e.g. when the vocabulary files are not on this machine). Returns
-    out_dir. Refuses an existing out_dir unless overwrite."""
+    """Export `checkpoint` (a step folder, or a checkpoints folder or run directory: its newest
+    intact one) to `out_dir`. dtype: float32 | bfloat16 | float16 (default: as saved).
+    tokenizer=False skips the tokenizer files (e.g. when the vocabulary files are not on this
+    machine). Returns out_dir. Refuses an existing out_dir unless overwrite."""
     out = Path(out_dir).absolute()
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
@@ -109,10 +109,18 @@ def _readme(info, hf_model, tok: TokenizerInfo, cfg) -> str:
         "AutoModelForMaskedLM" if cls == "BertForMaskedLM" else "AutoModelForSequenceClassification"
     )  # fmt: skip
     run = info.meta.get("run_name", "")
+    # where it came from, by name (no path of this machine): the run, its checkpoint, its code
+    commits = info.run_info.get("commits") or [info.run_info.get("commit")]
+    commit = ", ".join(dict.fromkeys(c for c in commits if c)) or "unknown"
+    # init_from may name a local file; the weights here replace it anyway
+    model_config = {
+        k: v for k, v in (info.meta.get("model_config") or {}).items() if k != "init_from"
+    }
     return f"""# {run or "flashtrain model"} ({cls})
 
-Exported by flashtrain (`scripts/export_hf.py`) from checkpoint `{info.path.absolute()}` (step {info.step},
-{info.meta.get("tokens_seen", "?")} tokens seen, {info.meta.get("params", "?")} parameters).
+Exported by flashtrain (`scripts/export_hf.py`) from run `{run or "?"}`, checkpoint
+`{info.path.name}` (step {info.step}, {info.meta.get("tokens_seen", "?")} tokens seen,
+{info.meta.get("params", "?")} parameters), trained with flashtrain commit `{commit}`.
 
 ```python
 from transformers import {auto}
@@ -121,5 +129,5 @@ model = {auto}.from_pretrained("this/folder")
 
 Context length: {cfg.max_seq_len} positions. {tok.readme}
 
-flashtrain model config: `{info.meta.get("model_config")}`
+flashtrain model config: `{model_config}`
 """

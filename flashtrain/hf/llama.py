@@ -5,8 +5,8 @@ flashtrain's Llama names its modules as transformers does, so the weights map on
 rows; a tied head stored once). RoPE: model.rope_theta and model.rope_scaling <-> config.json's
 rope_parameters (transformers 5; older rope_theta + rope_scaling read too), types none (default),
 linear, dynamic, yarn, llama3; `original_max_seq_len` is transformers'
-`original_max_position_embeddings`, and for "dynamic" transformers takes max_position_embeddings
-as the original context. Refused, naming them: softcaps (Gemma 2's architecture differs beyond
+`original_max_position_embeddings` (absent: max_position_embeddings, as transformers defaults it),
+and for "dynamic" transformers takes max_position_embeddings as the original context. Refused, naming them: softcaps (Gemma 2's architecture differs beyond
 them), biases (Qwen 2), activations other than SiLU.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from flashtrain.hf.mapping import ArchMapping, Rule, rules_for_layers
 from flashtrain.models.config import TransformerConfig
+from flashtrain.models.rotary import ROPE_SCALING_TYPES
 
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
 _ROPE_FIELDS = ("factor", "original_max_seq_len", "low_freq_factor", "high_freq_factor",
@@ -47,10 +48,18 @@ def rope_parameters(cfg) -> dict:
 
 def rope_from_hf(hf: dict) -> tuple[float, dict]:
     """(rope_theta, flashtrain rope_scaling dict) from transformers' rope_parameters or the
-    older rope_theta + rope_scaling."""
+    older rope_theta + rope_scaling. The original context as transformers' standardize_rope_params
+    takes it: yarn and llama3 read a top-level original_max_position_embeddings first (Phi-3's
+    place), else rope_parameters', else max_position_embeddings; dynamic always the latter."""
     params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))
     kind = params.pop("rope_type", params.pop("type", "default"))
+    types = ("default", *(t for t in ROPE_SCALING_TYPES if t != "none"))
+    if kind not in types:  # before its fields, so e.g. longrope is named, not long_factor
+        raise ValueError(
+            f"rope_parameters.rope_type={kind!r} is not implemented in flashtrain's rotary "
+            f"scaling; allowed: {', '.join(types)}"
+        )
     scaling = {"type": "none" if kind == "default" else kind}
     for key, value in params.items():
         name = "original_max_seq_len" if key == "original_max_position_embeddings" else key
@@ -61,8 +70,13 @@ def rope_from_hf(hf: dict) -> tuple[float, dict]:
             )
         if value is not None:
             scaling[name] = value
-    if kind == "dynamic":
+    if kind in ("yarn", "llama3"):
+        top = hf.get("original_max_position_embeddings")
+        if top is not None:
+            scaling["original_max_seq_len"] = int(top)
         scaling.setdefault("original_max_seq_len", int(hf["max_position_embeddings"]))
+    if kind == "dynamic":  # transformers ignores rope_parameters' value here
+        scaling["original_max_seq_len"] = int(hf["max_position_embeddings"])
     return theta, scaling
 
 

@@ -3,11 +3,13 @@
     folder = resolve_source("openai-community/gpt2")   # or a local folder
     config, state = read_config(folder), read_weights(folder)
 
-A hub id downloads through huggingface_hub into its cache (config.json and the weights only);
-HF_HUB_OFFLINE=1 forbids that: a cached snapshot is used, and a missing one is one clear
-FileNotFoundError saying how to get it. Weights: model.safetensors, its sharded form
-(model.safetensors.index.json), or pytorch_model.bin (loaded with weights_only).
-Needs safetensors for .safetensors files; never transformers.
+A hub id downloads through huggingface_hub into its cache: config.json and the weights the model
+reads (model.safetensors, or the index and exactly the shards it names; pytorch_model.bin alike
+when a repository has no safetensors), nothing else of the repository. HF_HUB_OFFLINE=1 forbids
+that: a cached snapshot is used, and a missing one is one clear FileNotFoundError saying how to
+get it. Weights: model.safetensors, its sharded form (model.safetensors.index.json), or
+pytorch_model.bin (loaded with weights_only). Needs safetensors for .safetensors files; never
+transformers.
 """
 
 from __future__ import annotations
@@ -52,37 +54,27 @@ def resolve_source(ref: str) -> Path:
 
 
 def _hub_snapshot(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     offline = hub.hub_offline()
-    patterns = [CONFIG, "*.safetensors", SAFETENSORS_INDEX]
     try:
-        folder = Path(
-            snapshot_download(
-                repo_id,
-                allow_patterns=patterns,
-                cache_dir=hub.hub_cache_dir(),
-                local_files_only=offline,
-            )
-        )
-        if not _has_weights(folder):  # an older repository: PyTorch pickles only
-            folder = Path(
-                snapshot_download(
-                    repo_id,
-                    allow_patterns=[CONFIG, TORCH_BIN, TORCH_BIN_INDEX, "pytorch_model-*.bin"],
-                    cache_dir=hub.hub_cache_dir(),
-                    local_files_only=offline,
-                )
-            )
+        folder = _download(repo_id, [CONFIG, SAFETENSORS, SAFETENSORS_INDEX], offline)
+        if not any((folder / n).is_file() for n in (SAFETENSORS, SAFETENSORS_INDEX)):
+            # an older repository: PyTorch pickles only
+            folder = _download(repo_id, [CONFIG, TORCH_BIN, TORCH_BIN_INDEX], offline)
+        for index in (SAFETENSORS_INDEX, TORCH_BIN_INDEX):
+            if (folder / index).is_file():  # sharded: exactly the shards its weight_map names
+                folder = _download(repo_id, [CONFIG, index, *_shard_files(folder / index)], offline)
+                break
     except LocalEntryNotFoundError:
         if not offline:
             raise
         raise FileNotFoundError(
             f"the Hugging Face model '{repo_id}' is not in the cache {hub.hub_cache_dir()} and "
             "HF_HUB_OFFLINE=1 forbids downloading it; download it where there is network "
-            f"(`huggingface-cli download {repo_id}`, same HF_HOME / HF_HUB_CACHE) or name a "
-            "local folder: model.init_from=hf:/path/to/folder"
+            f"(`hf download {repo_id}`; `huggingface-cli download {repo_id}` with "
+            "huggingface_hub < 0.34; the same HF_HOME / HF_HUB_CACHE) or name a local folder: "
+            "model.init_from=hf:/path/to/folder"
         ) from None
     except (HfHubHTTPError, OSError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else ""
@@ -95,9 +87,21 @@ def _hub_snapshot(repo_id: str) -> Path:
     return folder
 
 
-def _has_weights(folder: Path) -> bool:
-    names = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX)
-    return any((folder / n).is_file() for n in names)
+def _download(repo_id: str, names: list[str], offline: bool) -> Path:
+    """The snapshot folder holding those of `names` the repository has at its top level (exact
+    names, no wildcards: a repository's other weights, e.g. consolidated.safetensors or onnx/,
+    are never fetched); from the cache only when offline."""
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(
+        repo_id, allow_patterns=names, cache_dir=hub.hub_cache_dir(), local_files_only=offline
+    )
+    return Path(folder)
+
+
+def _shard_files(index: Path) -> list[str]:
+    with open(index) as f:
+        return sorted(set(json.load(f)["weight_map"].values()))
 
 
 def read_config(folder: Path) -> dict:
@@ -110,8 +114,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     folder = Path(folder)
     for index_name in (SAFETENSORS_INDEX, TORCH_BIN_INDEX):
         if (folder / index_name).is_file():
-            with open(folder / index_name) as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
+            files = _shard_files(folder / index_name)
             state = {}
             for name in files:
                 state.update(_read_file(folder / name))

@@ -3,7 +3,7 @@ the facts a report names (run, step, commit).
 
 CKPT may be a checkpoint (step_NNNNNN/), a checkpoints folder (its newest), or a run directory
 (its checkpoints/ folder's newest); every file is checked against its checksum first
-(flashtrain.train.checkpoint.resolve_resume). Only the model's weights are read; both of the
+(flashtrain.train.checkpoint.resolve_checkpoint). Only the model's weights are read; both of the
 trainer's formats load (torch, and dcp from FSDP2 runs).
 """
 
@@ -49,6 +49,10 @@ class IntegerTokenizer:
     def decode(self, ids) -> str:
         return "".join(f" {i}" for i in ids)
 
+    @property
+    def special_ids(self) -> list[int]:
+        return []
+
 
 class TextTokenizer:
     """A corpus tokenizer (flashtrain.data.tokenization) with encode/decode of one text."""
@@ -66,6 +70,11 @@ class TextTokenizer:
 
     def decode(self, ids) -> str:
         return self.inner.decode(list(ids))
+
+    @property
+    def special_ids(self) -> list[int]:
+        """Ids that stand for no text (<eos>, <pad>, ...)."""
+        return self.inner.special_ids
 
 
 def run_tokenizer(data_cfg: Any):
@@ -99,14 +108,6 @@ class LoadedCheckpoint:
         )
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from a checkpoint, a checkpoints folder or a run directory."""
-    path = Path(path).expanduser()
-    if path.is_dir() and (path / "checkpoints").is_dir() and not (path / "meta.json").exists():
-        path = path / "checkpoints"
-    return ckpt.resolve_resume(str(path), path)
-
-
 def _load_weights(model: torch.nn.Module, path: Path, fmt: str) -> None:
     if fmt == "torch":
         state = torch.load(path / ckpt.MODEL_OPTIM, map_location="cpu", weights_only=True)
@@ -129,7 +130,7 @@ def load_for_inference(
     max_seq_len: build the model for this many positions instead of the trained length (GPT-2's
     learned table resized by `position_mode`: interpolate or copy; rotary models need nothing).
     """
-    ckpt_dir = resolve_checkpoint(path)
+    ckpt_dir = ckpt.resolve_checkpoint(path)
     meta = ckpt.read_meta(ckpt_dir)
     config_file = ckpt_dir / ckpt.CONFIG
     if not config_file.is_file():

@@ -4,7 +4,8 @@ data) and the loss by token position, the curve that shows whether a model uses 
 Windows come from the data config's validation split, exactly as the trainer evaluates
 (DataModule.val_batches: non-overlapping seq_len windows; synthetic recall generated from
 the seed), or, with a stride S < seq_len on a token corpus, from sliding windows S tokens apart
-that score only their last S tokens (every token scored once, each with at least
+that score only their last S tokens, and a last window ending at the split's end that scores the
+tokens after its predecessor (every token but the first scored exactly once, each with at least
 seq_len - S tokens of context). A length beyond what the model was trained at uses its
 positions as configured: GPT-2's learned table interpolated (or copied) to the new length
 (model.init_positions), rotary positions as they are.
@@ -39,6 +40,9 @@ class LengthResult:
     position_loss: list[float | None]  # per bucket, None where nothing was scored
     position_tokens: list[int]
     bucket_edges: list[int]  # bucket i covers positions [edges[i], edges[i + 1])
+    windows: str = "non-overlapping"  # or "sliding, stride S"
+    text_loss: float | None = None  # the loss on targets that are not special ids (e.g. <eos>)
+    text_tokens: int | None = None
     optimal_loss: float | None = None  # synthetic recall: the best any model can do
     position_optimal: list[float | None] | None = None
     notes: list[str] = field(default_factory=list)
@@ -48,7 +52,9 @@ class LengthResult:
         return math.exp(self.loss)
 
     def bits_per_byte(self) -> float:
-        return self.loss / math.log(2)
+        """Bits per byte of text (byte-level data): the loss on byte targets only, a document's
+        <eos> being no byte of the text; the whole loss when no special id was given."""
+        return (self.loss if self.text_loss is None else self.text_loss) / math.log(2)
 
 
 def bucket_edges(seq_len: int, buckets: int) -> list[int]:
@@ -65,17 +71,17 @@ def _bucketed(values: np.ndarray, counts: np.ndarray, edges: list[int]):
 
 @torch.no_grad()
 def token_losses(model, batch: dict, chunk: int = 1024) -> torch.Tensor:
-    """Per-token loss (B, T) float32 in nats, 0 where labels are IGNORE_INDEX; the logits exist
-    `chunk` positions at a time."""
+    """Per-token loss (B, T) float32 in nats, 0 where labels are IGNORE_INDEX, from the model's
+    own head (model.head_logits: a final softcap included); the logits exist `chunk` positions
+    at a time."""
     device = model.output_weight().device
     ids, labels = batch["input_ids"].to(device), batch["labels"].to(device)
     extra = {k: batch[k].to(device) if torch.is_tensor(batch[k]) else batch[k]
              for k in DOCUMENT_FIELDS if k in batch}  # fmt: skip
     hidden = model.hidden_states(ids, **extra)  # (B, T, C)
-    weight = model.output_weight()
     out = torch.zeros(labels.shape, dtype=torch.float32, device=device)
     for start in range(0, ids.shape[1], chunk):
-        logits = (hidden[:, start : start + chunk] @ weight.t()).float()  # (B, c, V)
+        logits = model.head_logits(hidden[:, start : start + chunk]).float()  # (B, c, V)
         target = labels[:, start : start + chunk]
         loss = F.cross_entropy(logits.transpose(1, 2), target, ignore_index=IGNORE_INDEX,
                                reduction="none")  # fmt: skip
@@ -83,30 +89,41 @@ def token_losses(model, batch: dict, chunk: int = 1024) -> torch.Tensor:
     return out
 
 
+def window_starts(length: int, seq_len: int, stride: int) -> list[tuple[int, int]]:
+    """(start, first scored label) of each sliding window of seq_len + 1 tokens over `length`
+    tokens: windows `stride` apart from 0, then one ending at the last token if they do not; a
+    window scores the labels after the previous window's end, so every token but the first is
+    scored exactly once."""
+    if length < seq_len + 1:
+        raise ValueError(f"the split has {length} tokens: fewer than one window of {seq_len + 1}")
+    starts = list(range(0, length - seq_len, stride))
+    if starts[-1] + seq_len < length - 1:  # the tail after the last full stride
+        starts.append(length - 1 - seq_len)
+    firsts = [0] + [prev + seq_len - s for prev, s in zip(starts, starts[1:])]
+    return list(zip(starts, firsts))
+
+
 def sliding_windows(tokens, seq_len: int, stride: int, batch_size: int, max_batches: int | None):
-    """Batches of windows of seq_len + 1 tokens, `stride` apart from the start of `tokens`;
-    the first window scores every label, the others their last `stride` (the labels before are
-    IGNORE_INDEX): each token is scored once, with at least seq_len - stride tokens before it."""
-    starts = list(range(0, len(tokens) - seq_len, stride))
-    if not starts:
-        raise ValueError(
-            f"the split has {len(tokens)} tokens: fewer than one window of {seq_len + 1}"
-        )
+    """Batches of the windows of window_starts, the labels before each window's first scored
+    one IGNORE_INDEX: each token is scored once, with at least seq_len - stride tokens before it."""
+    starts = window_starts(len(tokens), seq_len, stride)
     if max_batches is not None:
         starts = starts[: max_batches * batch_size]
     for at in range(0, len(starts), batch_size):
         chunk = starts[at : at + batch_size]
-        rows = np.stack([np.asarray(tokens[s : s + seq_len + 1]) for s in chunk])
+        rows = np.stack([np.asarray(tokens[s : s + seq_len + 1]) for s, _ in chunk])
         batch = lm_batch(rows)
-        for row, s in enumerate(chunk):
-            if s > 0:
-                batch["labels"][row, : seq_len - stride] = IGNORE_INDEX
+        # a one-row batch's labels are a view of its input_ids (.contiguous() of a (1, T) slice
+        # returns it as is): mask a copy
+        batch["labels"] = batch["labels"].clone()
+        for row, (_, first) in enumerate(chunk):
+            batch["labels"][row, :first] = IGNORE_INDEX
         yield batch
 
 
 def windows(data_cfg, seq_len: int, *, stride: int | None, batch_size: int,
-            max_batches: int | None, seed: int) -> tuple[Iterable[dict], int | None]:  # fmt: skip
-    """(batches, how many) of one context length's evaluation windows."""
+            max_batches: int | None, seed: int) -> tuple[Iterable[dict], int | None, str]:  # fmt: skip
+    """(batches, how many, what windows) of one context length's evaluation windows."""
     cfg = data_config(data_cfg)
     if isinstance(cfg, SyntheticConfig) and max_batches is None:
         max_batches = 8  # generated data has no natural size
@@ -118,18 +135,18 @@ def windows(data_cfg, seq_len: int, *, stride: int | None, batch_size: int,
         )
     if stride is None or stride >= seq_len:
         batches = data.val_batches()
-        return batches, len(batches)
+        return batches, len(batches), "non-overlapping"
     if not isinstance(data, TokenCacheLM):
         raise ValueError(
             f"--stride needs a token corpus (data loader lm_corpus without streaming); {cfg.name!r} "
             "has no token array to slide over: drop --stride for non-overlapping windows"
         )
     tokens = data.splits["validation"].tokens
-    count = -(-max(len(tokens) - seq_len, 0) // stride)
-    count = -(-count // batch_size)
+    count = -(-len(window_starts(len(tokens), seq_len, stride)) // batch_size)
     if max_batches is not None:
         count = min(count, max_batches)
-    return sliding_windows(tokens, seq_len, stride, batch_size, max_batches), count
+    batches = sliding_windows(tokens, seq_len, stride, batch_size, max_batches)
+    return batches, count, f"sliding, stride {stride}"
 
 
 def recall_position_optimum(cfg: SyntheticConfig, seq_len: int) -> np.ndarray | None:
@@ -144,21 +161,30 @@ def recall_position_optimum(cfg: SyntheticConfig, seq_len: int) -> np.ndarray | 
 
 def evaluate_length(model, data_cfg, seq_len: int, *, stride: int | None = None,
                     batch_size: int = 8, max_batches: int | None = None, seed: int = 1234,
-                    buckets: int = 16, progress=None) -> LengthResult:  # fmt: skip
-    """The loss of `model` on seq_len windows of data_cfg (see the module docstring)."""
+                    buckets: int = 16, progress=None, special_ids=()) -> LengthResult:  # fmt: skip
+    """The loss of `model` on seq_len windows of data_cfg (see the module docstring).
+    special_ids: token ids that are not text (a byte tokenizer's <eos>): with any, the result
+    also has the loss on the other targets (text_loss, what bits per byte counts)."""
     limit = position_limit(model)
     if limit is not None and seq_len > limit:
         raise ValueError(f"seq_len {seq_len} exceeds the model's {limit} positions")
-    batches, count = windows(data_cfg, seq_len, stride=stride, batch_size=batch_size,
-                             max_batches=max_batches, seed=seed)  # fmt: skip
+    batches, count, kind = windows(data_cfg, seq_len, stride=stride, batch_size=batch_size,
+                                   max_batches=max_batches, seed=seed)  # fmt: skip
     sums = np.zeros(seq_len)
     counts = np.zeros(seq_len, dtype=np.int64)
+    text_sum, text_count = 0.0, 0
+    specials = torch.tensor(sorted(special_ids), dtype=torch.long)
     bar = progress(total=count, desc=f"seq_len {seq_len}") if progress else None
     for batch in batches:
         losses = token_losses(model, batch)  # (B, T)
-        scored = (batch["labels"] != IGNORE_INDEX).to(losses.device)
+        labels = batch["labels"].to(losses.device)
+        scored = labels != IGNORE_INDEX
         sums += losses.sum(0).double().cpu().numpy()
         counts += scored.sum(0).cpu().numpy()
+        if len(specials):
+            text = scored & ~torch.isin(labels, specials.to(labels.device))
+            text_sum += float(losses[text].double().sum())
+            text_count += int(text.sum())
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -169,7 +195,9 @@ def evaluate_length(model, data_cfg, seq_len: int, *, stride: int | None = None,
     edges = bucket_edges(seq_len, buckets)
     position_loss, position_tokens = _bucketed(sums, counts, edges)
     result = LengthResult(seq_len, total, float(sums.sum() / total), position_loss,
-                          position_tokens, edges)  # fmt: skip
+                          position_tokens, edges, windows=kind)  # fmt: skip
+    if len(specials) and text_count:
+        result.text_loss, result.text_tokens = text_sum / text_count, text_count
     cfg = data_config(data_cfg)
     if isinstance(cfg, SyntheticConfig):
         optimum = recall_position_optimum(cfg, seq_len)

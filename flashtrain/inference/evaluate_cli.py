@@ -3,8 +3,10 @@
 at each context length (flashtrain.inference.evaluate), written as eval.json, eval.md and
 loss_by_position.png (default folder: <run>/eval/step_NNNNNN).
 
---data defaults to the run's own data config; otherwise a config of configs/data/ with
-overrides of its keys, e.g. `--data text_files data_files='corpus/*.txt'` or `--data pysrc`.
+--data defaults to the run's own data config; otherwise a config of the configs folder's data/
+group with overrides of its keys, e.g. `--data text_files data_files='corpus/*.txt'` or `--data
+pysrc`; its tokenizer must be the run's. The configs folder is --configs, by default the one
+the caller names (scripts/evaluate.py: the checkout's configs/).
 """
 
 from __future__ import annotations
@@ -17,16 +19,14 @@ import torch
 from omegaconf import OmegaConf
 
 from flashtrain.data.registry import data_config
-from flashtrain.inference import evaluate_report
+from flashtrain.inference import evaluate_output
 from flashtrain.inference.checkpoint import load_for_inference, run_tokenizer
 from flashtrain.inference.evaluate import evaluate_length
 from flashtrain.inference.generate import position_limit
 from flashtrain.train.checkpoint_manifest import CheckpointError
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
-
-def _parser() -> argparse.ArgumentParser:
+def _parser(configs: Path | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, nargs="+", required=True, help="context lengths")
     p.add_argument("--data", nargs="+", metavar=("NAME", "KEY=VALUE"),
                    help="a configs/data/ config and overrides (default: the run's data)")  # fmt: skip
+    p.add_argument("--configs", type=Path, default=configs,
+                   help=f"the configs folder --data composes from (default: {configs})")  # fmt: skip
     p.add_argument("--stride", type=int, default=None,
                    help="sliding windows this far apart (token corpora); default: non-overlapping")  # fmt: skip
     p.add_argument("--batches", type=int, default=None,
@@ -53,19 +55,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def composed_data_config(name: str, overrides: list[str]):
-    """configs/data/<name>.yaml with KEY=VALUE overrides, composed as train.py composes it."""
+def composed_data_config(configs: Path | None, name: str, overrides: list[str]):
+    """<configs>/data/<name>.yaml with KEY=VALUE overrides, composed as train.py composes it."""
     from hydra import compose, initialize_config_dir
 
     from flashtrain.train import register_schemas
 
+    if configs is None or not (Path(configs) / "train.yaml").is_file():
+        raise ValueError(
+            f"--data composes a config of a configs folder (train.yaml and data/), and "
+            f"{configs or 'none'} is not one: give --configs DIR (scripts/evaluate.py passes the "
+            "checkout's configs/)"
+        )
     register_schemas()
-
-    if not CONFIGS.is_dir():
-        raise ValueError(f"--data needs the configs folder ({CONFIGS}), which is missing")
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+    with initialize_config_dir(str(Path(configs).resolve()), version_base="1.3"):
         cfg = compose("train", overrides=[f"data={name}", *(f"data.{kv}" for kv in overrides)])
     return OmegaConf.to_container(cfg.data, resolve=True)
+
+
+def check_same_tokenizer(run, data) -> None:
+    """Token ids mean something only under the tokenizer that made them: refuse data tokenized
+    otherwise than the run's (an id past the model's vocabulary, or silently other text)."""
+    if (run.name, run.vocab_size) != (data.name, data.vocab_size):
+        raise ValueError(
+            f"--data is tokenized by {data.name!r} ({data.vocab_size} ids) but the checkpoint's "
+            f"run by {run.name!r} ({run.vocab_size} ids): evaluate data with the run's tokenizer"
+        )
 
 
 def _progress(disabled: bool):
@@ -81,12 +96,15 @@ def run(args) -> list[Path]:
         raise ValueError("--tokens and --batches both size the evaluation: give one")
     loaded = load_for_inference(args.checkpoint, args.device)
     if args.data:
-        data = composed_data_config(args.data[0], args.data[1:])
+        data = composed_data_config(args.configs, args.data[0], args.data[1:])
     else:
         data = OmegaConf.to_container(loaded.config.data, resolve=True)
     cfg = data_config(data)
+    tokenizer = run_tokenizer(data)
+    if args.data:
+        check_same_tokenizer(loaded.tokenizer, tokenizer)
     trained = int(loaded.config.model.max_seq_len)
-    bits_per_byte = run_tokenizer(data).name.startswith("byte")
+    bits_per_byte = tokenizer.name.startswith("byte")
     models = {None: loaded.model}
     results = []
     for seq_len in args.seq_len:
@@ -111,20 +129,21 @@ def run(args) -> list[Path]:
             model, data, seq_len, stride=args.stride, batch_size=args.batch_size,
             max_batches=batches, seed=int(loaded.config.seed), buckets=args.buckets,
             progress=_progress(args.no_progress),
+            special_ids=tokenizer.special_ids if bits_per_byte else (),
         )  # fmt: skip
         result.notes += notes
         results.append(result)
-    stride = args.stride if args.stride and args.stride < max(args.seq_len) else None
-    windows = f"sliding windows, stride {stride}" if stride else "non-overlapping windows"
     facts = {**loaded.facts(), "trained_seq_len": trained}
-    data_facts = dict(name=cfg.name, loader=cfg.loader, split="validation", windows=windows)
-    report = evaluate_report.payload(facts, data_facts, results, bits_per_byte)
+    data_facts = dict(name=cfg.name, loader=cfg.loader, split="validation")
+    report = evaluate_output.payload(facts, data_facts, results, bits_per_byte)
     out = args.out or loaded.path.parent.parent / "eval" / loaded.path.name
-    return evaluate_report.write(report, out)
+    return evaluate_output.write(report, out)
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv=None, configs: Path | None = None) -> int:
+    """configs: the folder --data composes from unless --configs says otherwise (the library
+    does not know where a checkout keeps it; scripts/evaluate.py passes the checkout's)."""
+    args = _parser(configs).parse_args(argv)
     try:
         paths = run(args)
     except (ValueError, CheckpointError, FileNotFoundError) as e:

@@ -5,8 +5,9 @@ flash kernels (padding sits after each prompt, so no prompt token sees it); each
 first new token comes from the logits at its own last prompt token. Then one token per
 sequence per step: the model runs on (B, 1) tokens at positions seqlens[b], attention through
 the KV cache (flashtrain.inference.kv_cache). A model qualifies when it has
-`hidden_states(input_ids, position_ids=...)`, `output_weight()` (the LM head) and attention
-layers that call `attn_op(q, k, v, ctx, dropout_p)` (GPT-2; the Llama family).
+`hidden_states(input_ids, position_ids=...)`, `head_logits(hidden)` (the LM head and whatever
+follows it, e.g. a final softcap), `output_weight()` and attention layers that call
+`attn_op(q, k, v, ctx, dropout_p)` (GPT-2; the Llama family).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def position_limit(model) -> int | None:
 
 
 def _logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    """hidden (B, C) -> (B, vocab) float32 logits."""
-    return (hidden @ model.output_weight().t()).float()
+    """hidden (B, C) -> (B, vocab) float32 logits: the model's own head (with any final softcap)."""
+    return model.head_logits(hidden).float()
 
 
 @torch.inference_mode()

@@ -1,6 +1,8 @@
 """`python scripts/generate.py CKPT --prompt "..." [--prompt "..."] [options]`: the command line of
-flashtrain.inference.generate. One prompt streams its tokens to stdout as they come; several
-(different lengths, one batch) are printed each on its own line once all are done."""
+flashtrain.inference.generate. Only a single prompt streams: its text goes to stdout as the
+tokens come (a multi-byte character once it is complete). Several prompts (different lengths,
+one batch) are printed each on its own line, prompt then continuation, once all are done:
+interleaved pieces of several texts on one stdout would not read as text."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("checkpoint", help="a checkpoint, a checkpoints folder or a run directory")
     p.add_argument("--prompt", action="append", required=True,
-                   help="text to continue (repeat for a batch); token ids for synthetic data")  # fmt: skip
+                   help="text to continue; token ids for synthetic data. Repeat for a batch "
+                   "(a batch prints each text once all are done; one prompt streams)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -30,21 +33,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Streamer:
-    """Prints the text one sequence gains each step (decoding all its tokens so far, so a
-    multi-byte character appears once it is complete)."""
+class Streamer:
+    """Prints the text one sequence gains each step. It decodes all the sequence's tokens so far
+    and holds back a trailing U+FFFD: with a byte-level tokenizer a multi-byte character arrives
+    over several tokens, and its incomplete UTF-8 tail decodes as U+FFFD until it is complete.
+    finish() prints what is still held back (bytes that never made a character)."""
 
     def __init__(self, tokenizer, out):
         self.tokenizer, self.out, self.ids, self.shown = tokenizer, out, [], ""
 
-    def __call__(self, tokens):
-        if tokens[0] is None:
-            return
-        self.ids.append(tokens[0])
-        text = self.tokenizer.decode(self.ids)
+    def _write(self, text: str) -> None:
+        # a tokenizer whose decoding of more ids is not an extension of what was shown (none of
+        # the project's) gets its new characters from the same offset
         self.out.write(text[len(self.shown) :])
         self.out.flush()
         self.shown = text
+
+    def __call__(self, tokens) -> None:
+        if tokens[0] is None:
+            return
+        self.ids.append(tokens[0])
+        text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
+        if len(text) > len(self.shown):
+            self._write(text)
+
+    def finish(self) -> None:
+        self._write(self.tokenizer.decode(self.ids))
 
 
 def main(argv=None, out=sys.stdout) -> int:
@@ -57,7 +71,7 @@ def main(argv=None, out=sys.stdout) -> int:
     except (ValueError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    stream = _Streamer(tokenizer, out) if len(prompts) == 1 else None
+    stream = Streamer(tokenizer, out) if len(prompts) == 1 else None
     if stream is not None:
         out.write(args.prompt[0])
     try:
@@ -67,6 +81,7 @@ def main(argv=None, out=sys.stdout) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if stream is not None:
+        stream.finish()
         out.write("\n")
     else:
         for text, ids in zip(args.prompt, new):

@@ -8,13 +8,16 @@ tensor cores the way the target wants. This tool launches the real launchers thr
 driver that names the target GPU, so each launch compiles (nothing runs), and prints one JSON
 line per kernel compiled:
 
-    python scripts/kernel_compile.py [--arch 90] [--launches defaults|features]
+    python scripts/kernel_compile.py [--arch 90] [--launches defaults|features|decode]
                                      [--only TEXT] [--front-end-only] [--markdown FILE]
 
 --launches defaults (the default): the production launches, bf16 and fp16 x head_dim 64 and 128
 x causal or not x dense or block-sparse x both backward modes (deterministic two-kernel dQ and
 atomic dQ), with the built-in tiles of kernels/tuning.py, then 4 grouped-query ones; features: every feature flag at least
-once (varlen, softcap, ALiBi, dropout, fp32, descriptors forced). --only keeps the launches whose
+once (varlen, softcap, ALiBi, dropout, fp32, descriptors forced); decode: the split-KV decode
+kernels of flash_attn_with_kvcache (split and combine; GQA, MQA, windows, ALiBi, left padding,
+cache_batch_idx, softcap, fp32, a one-split chunked prefill, a paged cache), a set of their own
+(their products compile to mma.sync: the tiles hold few query rows). --only keeps the launches whose
 tag contains TEXT. --front-end-only stops after Triton's first IR (~0.5 s a kernel: the checks
 above); otherwise the whole pipeline runs to a cubin (LLVM and ptxas, seconds a kernel) and each
 line carries the compile facts:
@@ -50,6 +53,7 @@ from flashtrain.kernels import tuning
 from flashtrain.kernels.common import UNBOUNDED
 from flashtrain.kernels.dropout_mask import dropout_keep_mask
 from flashtrain.kernels.flash_bwd import flash_backward
+from flashtrain.kernels.flash_decode import flash_decode
 from flashtrain.kernels.flash_fwd import flash_forward
 
 FACT_COLUMNS = ("registers", "spill", "shared", "warps", "stages", "loads", "wgmma", "mma_sync",
@@ -282,7 +286,48 @@ def feature_launches():
         torch.tensor([0, 20, 70], dtype=torch.int32))  # fmt: skip
 
 
-LAUNCH_SETS = {"defaults": default_launches, "features": feature_launches}
+def decode(*, dtype, head_dim, heads_q, heads_kv, seqlen_q=1, num_splits=0, window=None,
+           softcap=0.0, alibi=False, extras=False, paged=False):  # fmt: skip
+    """One flash_decode launch against a 4096-token cache (split kernel, then the combine
+    kernel unless a single split writes the output itself); extras: cache_batch_idx and
+    cache_leftpad; paged: a block table of 256-token pages."""
+    batch, cache_len = 2, 4096
+    q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=dtype)
+    rows = (batch * cache_len // 256, 256) if paged else (batch + 1, cache_len)
+    cache = torch.empty(*rows, heads_kv, head_dim, dtype=dtype)
+    lens = torch.full((batch,), cache_len, dtype=torch.int32)
+    left, right = window or (UNBOUNDED, 0)
+    flash_decode(
+        q, cache, cache, torch.empty_like(q), torch.empty(batch, heads_q, seqlen_q), lens,
+        cache_batch_idx=lens if extras else None, cache_leftpad=lens if extras else None,
+        softmax_scale=head_dim**-0.5, window_left=left, window_right=right, softcap=softcap,
+        alibi_slopes=torch.ones(batch, heads_q) if alibi else None, num_splits=num_splits,
+        block_table=torch.zeros(batch, cache_len // 256, dtype=torch.int32) if paged else None,
+    )  # fmt: skip
+
+
+def decode_launches():
+    """(tag, launch) of the split-KV decode kernels (flash_attn_with_kvcache): GQA, MQA with a
+    window, ALiBi, left padding and cache_batch_idx, fp32 at d256 with a softcap, a chunked
+    prefill with one split (no combine), a paged cache."""
+    yield "fp16 d128 gqa causal", lambda: decode(
+        dtype=torch.float16, head_dim=128, heads_q=32, heads_kv=8, num_splits=16)  # fmt: skip
+    yield "bf16 d64 mqa window alibi leftpad batch-idx", lambda: decode(
+        dtype=torch.bfloat16, head_dim=64, heads_q=8, heads_kv=1, window=(256, 0),
+        alibi=True, extras=True)  # fmt: skip
+    yield "fp32 d256 softcap", lambda: decode(
+        dtype=torch.float32, head_dim=256, heads_q=4, heads_kv=4, softcap=30.0,
+        num_splits=4)  # fmt: skip
+    yield "fp16 d80 prefill chunk one split", lambda: decode(
+        dtype=torch.float16, head_dim=80, heads_q=4, heads_kv=2, seqlen_q=64,
+        num_splits=1)  # fmt: skip
+    yield "bf16 d128 paged", lambda: decode(
+        dtype=torch.bfloat16, head_dim=128, heads_q=16, heads_kv=4, num_splits=8,
+        paged=True)  # fmt: skip
+
+
+LAUNCH_SETS = {"defaults": default_launches, "features": feature_launches,
+               "decode": decode_launches}  # fmt: skip
 
 
 def compile_launches(launch_set: str, arch: int, front_end_only: bool, only: str = ""):
@@ -312,6 +357,18 @@ def _commit() -> str:
     return run.stdout.strip() or "unknown"
 
 
+# what a reader of each set's table needs to know beyond the columns
+SET_NOTES = {
+    "defaults": " (causal and full launches share the backward kernels, and the forward does "
+    "not depend on the backward mode).",
+    "decode": ". The split kernel's products are mma.sync, not wgmma: a decode step's tile holds "
+    "the query rows of one KV head's group (16 here, under wgmma's 64), and the 64-row tile of "
+    "the chunked prefill compiles to mma.sync too; fp32 runs without tensor cores (main_loop "
+    "0). The combine kernel merges the splits without products; a one-split launch writes its "
+    "output directly and has no combine.",
+}
+
+
 def markdown_report(lines: list[dict], arch: int, launch_set: str) -> str:
     """The facts as a Markdown page: what made them, then one row per kernel binary."""
     head = ["launch", "kernel", *FACT_COLUMNS]
@@ -327,8 +384,7 @@ def markdown_report(lines: list[dict], arch: int, launch_set: str) -> str:
         "wgmma / mma_sync (SASS HGMMA / HMMA instructions), main_loop (SASS instructions of "
         "the shortest innermost loop with tensor-core work: the unmasked steady state), "
         "loop_spills (SASS LDL / STL in that loop: the spills that cost on every tile). A "
-        "binary met before in the run is not repeated (causal and full launches share the "
-        "backward kernels, and the forward does not depend on the backward mode).",
+        "binary met before in the run is not repeated" + SET_NOTES.get(launch_set, "."),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

@@ -13,6 +13,7 @@ long_doc; see flashtrain/data/config.py). key=value pairs override the data conf
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -56,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from flashtrain.data import prepare_data
-    from flashtrain.data.registry import data_config
+    from flashtrain.data.registry import command_line_settings, data_config
     from flashtrain.train.entry import config_errors_explained
     from flashtrain.typed_config import ConfigError
 
@@ -65,6 +66,8 @@ def main() -> None:
             cfg = data_config(load_data_config(args.name, args.overrides))
         except ConfigError as e:
             sys.exit(f"ConfigError: {e}")
+    # this program guards its top level: worker processes where the config leaves them open
+    cfg = dataclasses.replace(cfg, **command_line_settings(cfg))
     start = time.perf_counter()
     summary = prepare_data(cfg, progress=True)
     print(f"\n{cfg.name}: prepared in {time.perf_counter() - start:.1f} s")

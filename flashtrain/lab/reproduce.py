@@ -62,7 +62,7 @@ def hydra_value(text: str) -> str:
 
 
 def run_overrides(run: Run, run_dir: Path, extra: Sequence[str] = ()) -> list[str]:
-    """A train run's overrides: the table's, the user's, then the pinned name, folder, resume."""
+    """A train run's overrides: the matrix's, the user's, then the pinned name, folder, resume."""
     runs_dir = hydra_value(str(run_dir.parent))
     table = [a.replace("{runs}", runs_dir) for a in run.args]
     pinned = [
@@ -252,7 +252,7 @@ def parse_args(argv=None):
         nargs="+",
         default=[],
         metavar="KEY=VALUE",
-        help="Hydra overrides added to every train run (after the table's)",
+        help="Hydra overrides added to every train run (after the matrix's)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--run", action="store_true", help="scale paper: really start the runs")

@@ -5,9 +5,10 @@ classifier.
     model = build_model(cfg.model, cfg.attention)     # configs or mappings (see config.py)
     out = model(**batch)                              # ModelOutput(loss, num_targets, correct, logits)
 
-configs/model/<name>.yaml: a model config, picked by `arch` (registry.py: the model classes, each
-carrying its dataclass from config.py as `Config`); configs/attention/<name>.yaml: an attention
-impl's config, picked by `impl`: flash | blocksparse | sdpa | reference (attention_layers.py).
+configs/model/<name>.yaml: a model config, picked by `arch` (registry.py: the model classes,
+each carrying its dataclass from config.py, which holds every model's schema, as `Config`);
+configs/attention/<name>.yaml: an attention impl's config, picked by `impl`: flash | blocksparse |
+sdpa | reference (attention_layers.py).
 See README.md beside this file for memory at long context.
 """
 
@@ -24,9 +25,15 @@ from flashtrain.models.attention_layers import (
 )
 from flashtrain.models.bert import Bert
 from flashtrain.models.classifier import SequenceClassifier
-from flashtrain.models.config import BertConfig, ClassifierConfig, GPT2Config, TransformerConfig
+from flashtrain.models.config import (
+    BertConfig,
+    ClassifierConfig,
+    GPT2Config,
+    LlamaConfig,
+    TransformerConfig,
+)
 from flashtrain.models.gpt2 import GPT2
-from flashtrain.models.llama import Llama, LlamaConfig
+from flashtrain.models.llama import Llama
 from flashtrain.models.loss import linear_cross_entropy
 from flashtrain.models.positions import resize_positions
 from flashtrain.models.registry import ARCHS, MODEL_CONFIGS, MODELS, build_model, model_config

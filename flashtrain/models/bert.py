@@ -1,7 +1,9 @@
 """BERT (Devlin et al. 2019) on the project's attention.
 
-As the original: post-LayerNorm blocks, GELU (erf), learned positions plus token-type embeddings,
-an embedding LayerNorm, dropout 0.1 (attention dropout inside the kernel), N(0, 0.02) init.
+As the original: post-LayerNorm blocks, GELU (erf; model.activation=gelu_tanh: the tanh form, in
+the MLPs and the MLM head alike, as the original's hidden_act), learned positions plus token-type
+embeddings, an embedding LayerNorm, dropout 0.1 (attention dropout inside the kernel), N(0, 0.02)
+init.
 
     head="mlm"             masked-LM head (dense + GELU + LayerNorm, decoder tied to the word
                            embeddings, own bias), run on the masked tokens only
@@ -55,7 +57,9 @@ class Bert(TransformerModel):
         self.add_blocks(norm="post")
         if config.head == "mlm":
             self.mlm_dense = nn.Linear(c, c)
-            self.mlm_act = nn.GELU()
+            # the blocks' GELU: BERT's (and transformers') head transform applies hidden_act
+            gelu = "tanh" if config.activation == "gelu_tanh" else "none"
+            self.mlm_act = nn.GELU(approximate=gelu)
             self.mlm_ln = nn.LayerNorm(c, eps=config.layer_norm_eps)
             self.mlm_bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
         else:

@@ -1,7 +1,10 @@
-"""The model configs: the schemas of configs/model/*.yaml, one dataclass per architecture.
+"""The model configs: the schemas of configs/model/*.yaml, one dataclass per architecture, all
+here (as the data configs are in flashtrain/data/config.py): the model files import their schema
+from this module, and so can code that reads a config without building a model (flashtrain.hf).
 
-`arch` picks the architecture (gpt2 | bert | classifier; registry.py maps it to the model class,
-which carries its dataclass as `Config`); each dataclass's defaults are the original model's (GPT-2 small, BERT-base, the LRA-size Path-X classifier), so a size file names
+`arch` picks the architecture (gpt2 | bert | classifier | llama; registry.py maps it to the model
+class, which carries its dataclass as `Config`); each dataclass's defaults are the original
+model's (GPT-2 small, BERT-base, the LRA-size Path-X classifier, Llama-3-8B), so a size file names
 only what differs. Values are checked here, at start-up, with errors that say what is allowed.
 
     cfg = flashtrain.models.model_config({"arch": "gpt2", "n_layer": 2})   # or a DictConfig
@@ -10,8 +13,10 @@ only what differs. Values are checked here, at start-up, with errors that say wh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
+from flashtrain.models.rotary import RopeScalingConfig, check_rotary_head_dim
 from flashtrain.typed_config import check_choice
 
 # the LM head's loss implementations (flashtrain.models.loss): auto = fused on CUDA, chunked elsewhere
@@ -24,7 +29,14 @@ POSITION_RESIZE_MODES = ("interpolate", "copy")
 
 @dataclass
 class TransformerConfig:
-    """Fields every architecture has; the subclasses below set their own defaults."""
+    """Fields every architecture has; the subclasses below set their own defaults.
+
+    tasks: the data tasks (DataModule.task: lm | mlm | classification) the architecture trains
+    on; task_key: the field that picks one where there are several (BERT's head). The trainer's
+    config check refuses data of another task before anything is built."""
+
+    tasks: ClassVar[tuple[str, ...]] = ()
+    task_key: ClassVar[str | None] = None
 
     arch: str = ""  # gpt2 | bert | classifier | llama: the model's key in registry.MODELS
     n_layer: int = 12
@@ -78,6 +90,11 @@ class TransformerConfig:
         return self.d_model // self.n_head
 
     @property
+    def task(self) -> str:
+        """The data task this config trains on (one of `tasks`)."""
+        return getattr(self, self.task_key) if self.task_key else self.tasks[0]
+
+    @property
     def padded_vocab_size(self) -> int:
         """Embedding rows: vocab_size rounded up to pad_vocab_multiple (the loss ignores the
         padding rows)."""
@@ -88,6 +105,8 @@ class TransformerConfig:
 @dataclass
 class GPT2Config(TransformerConfig):
     """GPT-2 small; gpt2-medium/large/xl change n_layer, n_head, d_model."""
+
+    tasks: ClassVar[tuple[str, ...]] = ("lm",)
 
     arch: str = "gpt2"
     position: str = "learned"  # learned | rotary
@@ -109,6 +128,9 @@ BERT_HEADS = ("mlm", "classification")
 @dataclass
 class BertConfig(TransformerConfig):
     """BERT-base; bert-large changes n_layer, n_head, d_model, d_ff."""
+
+    tasks: ClassVar[tuple[str, ...]] = BERT_HEADS  # the head is the task
+    task_key: ClassVar[str | None] = "head"
 
     arch: str = "bert"
     d_ff: int | None = 3072
@@ -139,6 +161,8 @@ class BertConfig(TransformerConfig):
 @dataclass
 class ClassifierConfig(TransformerConfig):
     """A Long Range Arena-size sequence classifier over pixel tokens (Path-X / Path-256)."""
+
+    tasks: ClassVar[tuple[str, ...]] = ("classification",)
 
     arch: str = "classifier"
     n_layer: int = 4
@@ -172,3 +196,96 @@ class ClassifierConfig(TransformerConfig):
     @property
     def image_size(self) -> int:
         return math.isqrt(self.max_seq_len)
+
+
+# TransformerConfig fields of LayerNorm / GELU / learned-table models that a Llama has no use for:
+# set to anything but their defaults they are refused, naming what to set instead.
+_NOT_LLAMA = {
+    "layer_norm_eps": (1e-5, "model.rms_norm_eps"),
+    "activation": ("gelu_tanh", "nothing (the MLP is SwiGLU)"),
+    "init_positions": ("interpolate", "model.rope_scaling (rotary positions have no table)"),
+}
+
+
+@dataclass
+class LlamaConfig(TransformerConfig):
+    """Llama-3-8B's shape; the configs/model/llama-*.yaml sizes name what differs."""
+
+    tasks: ClassVar[tuple[str, ...]] = ("lm",)
+
+    arch: str = "llama"
+    n_layer: int = 32
+    n_head: int = 32
+    n_kv_head: int | None = 8  # K/V heads (GQA); null = n_head (MHA), 1 = MQA
+    d_model: int = 4096
+    d_ff: int | None = None  # SwiGLU hidden size; null: from multiple_of, ffn_dim_multiplier
+    multiple_of: int = 1024  # d_ff rounded up to a multiple of this (Meta's rule)
+    ffn_dim_multiplier: float | None = 1.3  # Meta's: d_ff = multiplier * 8 / 3 * d_model
+    max_seq_len: int = 8192  # the run's context (configs: ${seq_len}); no table, no limit
+    vocab_size: int = 128256
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    tie_embeddings: bool = False
+    sliding_window: int | None = None  # Mistral: each token sees itself and the W - 1 before
+    attn_logit_softcap: float | None = None  # Gemma 2: scores s -> cap * tanh(s / cap)
+    final_logit_softcap: float | None = None  # the same on the output logits
+    init_std: float = 0.02
+    loss_impl: str = "auto"  # fused (Triton) | chunked (PyTorch) | auto: fused on CUDA
+    loss_chunk_size: int = 2048
+
+    def __post_init__(self):
+        for key, (default, instead) in _NOT_LLAMA.items():
+            if getattr(self, key) != default:
+                raise ValueError(f"model.{key} does not apply to arch=llama; set {instead}")
+        swiglu_default = self.d_ff is None
+        if swiglu_default:  # set below from SwiGLU's rule, not the shared 4 * d_model
+            self.d_ff = 1
+        super().__post_init__()
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if not isinstance(self.n_kv_head, int) or self.n_kv_head < 1:
+            raise ValueError(f"model.n_kv_head must be a positive int, got {self.n_kv_head!r}")
+        if self.n_head % self.n_kv_head != 0:
+            allowed = [h for h in range(1, self.n_head + 1) if self.n_head % h == 0]
+            raise ValueError(
+                f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}: "
+                f"each K/V head serves a whole group of query heads; allowed n_kv_head: {allowed}"
+            )
+        check_rotary_head_dim(self.head_dim)
+        if self.multiple_of < 1:
+            raise ValueError(f"model.multiple_of must be >= 1, got {self.multiple_of}")
+        if swiglu_default:
+            self.d_ff = swiglu_hidden_size(self.d_model, self.multiple_of, self.ffn_dim_multiplier)
+        if self.rope_theta <= 1.0:
+            raise ValueError(f"model.rope_theta must be > 1, got {self.rope_theta}")
+        if self.rms_norm_eps <= 0:
+            raise ValueError(f"model.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(
+                f"model.sliding_window must be >= 1 (tokens seen, itself included) or null, "
+                f"got {self.sliding_window}"
+            )
+        for key in ("attn_logit_softcap", "final_logit_softcap"):
+            cap = getattr(self, key)
+            if cap is not None and not cap > 0:
+                raise ValueError(f"model.{key} must be > 0 or null (off), got {cap}")
+        check_choice(self.loss_impl, LOSS_IMPLS, "model.loss_impl")
+        if self.final_logit_softcap and self.loss_impl == "fused":
+            raise ValueError(
+                "model.final_logit_softcap needs model.loss_impl=chunked (or auto): the fused "
+                "loss kernel has no logit softcap"
+            )
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_head * self.head_dim
+
+
+def swiglu_hidden_size(d_model: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
+    """Meta's SwiGLU width: 2/3 of 4 * d_model (the parameters of a 4x GELU MLP), times the
+    multiplier, rounded up to multiple_of (Llama-3-8B: 4096 -> 14336)."""
+    hidden = int(2 * (4 * d_model) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)

@@ -25,7 +25,8 @@ from torch.profiler import record_function
 from flashtrain.models.attention_layers import AttentionContext
 from flashtrain.models.config import GPT2Config
 from flashtrain.models.loss import token_loss
-from flashtrain.models.positions import rotary_tables, token_positions
+from flashtrain.models.positions import token_positions
+from flashtrain.models.rotary import rotary_tables
 from flashtrain.models.transformer import ModelOutput, TransformerModel, normal_init_
 
 
@@ -131,6 +132,10 @@ class GPT2(TransformerModel):
             )
         return ModelOutput(loss=loss, num_targets=num)
 
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (..., C) -> logits (..., vocab_size): the LM head (tied to the embedding)."""
+        return hidden @ self.output_weight().t()
+
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full (B, T, vocab_size) logits, for inspection and sampling (materialises them)."""
-        return self.hidden_states(input_ids) @ self.output_weight().t()
+        return self.head_logits(self.hidden_states(input_ids))

@@ -20,7 +20,6 @@ it is (model.init_from), and rope_scaling says how the positions stretch to the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -28,107 +27,11 @@ from torch import nn
 from torch.profiler import record_function
 
 from flashtrain.models.attention_layers import Attention, AttentionContext
-from flashtrain.models.config import LOSS_IMPLS, TransformerConfig
+from flashtrain.models.config import LlamaConfig
 from flashtrain.models.loss import token_loss
 from flashtrain.models.positions import apply_rotary, token_positions
-from flashtrain.models.rotary import (
-    RopeScalingConfig,
-    check_rotary_head_dim,
-    inverse_frequencies,
-    rotary_cos_sin,
-)
+from flashtrain.models.rotary import inverse_frequencies, rotary_cos_sin
 from flashtrain.models.transformer import ModelOutput, TransformerModel
-from flashtrain.typed_config import check_choice
-
-# TransformerConfig fields of LayerNorm / GELU / learned-table models that a Llama has no use for:
-# set to anything but their defaults they are refused, naming what to set instead.
-_NOT_LLAMA = {
-    "layer_norm_eps": (1e-5, "model.rms_norm_eps"),
-    "activation": ("gelu_tanh", "nothing (the MLP is SwiGLU)"),
-    "init_positions": ("interpolate", "model.rope_scaling (rotary positions have no table)"),
-}
-
-
-@dataclass
-class LlamaConfig(TransformerConfig):
-    """Llama-3-8B's shape; the configs/model/llama-*.yaml sizes name what differs."""
-
-    arch: str = "llama"
-    n_layer: int = 32
-    n_head: int = 32
-    n_kv_head: int | None = 8  # K/V heads (GQA); null = n_head (MHA), 1 = MQA
-    d_model: int = 4096
-    d_ff: int | None = None  # SwiGLU hidden size; null: from multiple_of, ffn_dim_multiplier
-    multiple_of: int = 1024  # d_ff rounded up to a multiple of this (Meta's rule)
-    ffn_dim_multiplier: float | None = 1.3  # Meta's: d_ff = multiplier * 8 / 3 * d_model
-    max_seq_len: int = 8192  # the run's context (configs: ${seq_len}); no table, no limit
-    vocab_size: int = 128256
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
-    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
-    tie_embeddings: bool = False
-    sliding_window: int | None = None  # Mistral: each token sees itself and the W - 1 before
-    attn_logit_softcap: float | None = None  # Gemma 2: scores s -> cap * tanh(s / cap)
-    final_logit_softcap: float | None = None  # the same on the output logits
-    init_std: float = 0.02
-    loss_impl: str = "auto"  # fused (Triton) | chunked (PyTorch) | auto: fused on CUDA
-    loss_chunk_size: int = 2048
-
-    def __post_init__(self):
-        for key, (default, instead) in _NOT_LLAMA.items():
-            if getattr(self, key) != default:
-                raise ValueError(f"model.{key} does not apply to arch=llama; set {instead}")
-        swiglu_default = self.d_ff is None
-        if swiglu_default:  # set below from SwiGLU's rule, not the shared 4 * d_model
-            self.d_ff = 1
-        super().__post_init__()
-        if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
-        if not isinstance(self.n_kv_head, int) or self.n_kv_head < 1:
-            raise ValueError(f"model.n_kv_head must be a positive int, got {self.n_kv_head!r}")
-        if self.n_head % self.n_kv_head != 0:
-            allowed = [h for h in range(1, self.n_head + 1) if self.n_head % h == 0]
-            raise ValueError(
-                f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}: "
-                f"each K/V head serves a whole group of query heads; allowed n_kv_head: {allowed}"
-            )
-        check_rotary_head_dim(self.head_dim)
-        if self.multiple_of < 1:
-            raise ValueError(f"model.multiple_of must be >= 1, got {self.multiple_of}")
-        if swiglu_default:
-            self.d_ff = swiglu_hidden_size(self.d_model, self.multiple_of, self.ffn_dim_multiplier)
-        if self.rope_theta <= 1.0:
-            raise ValueError(f"model.rope_theta must be > 1, got {self.rope_theta}")
-        if self.rms_norm_eps <= 0:
-            raise ValueError(f"model.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(
-                f"model.sliding_window must be >= 1 (tokens seen, itself included) or null, "
-                f"got {self.sliding_window}"
-            )
-        for key in ("attn_logit_softcap", "final_logit_softcap"):
-            cap = getattr(self, key)
-            if cap is not None and not cap > 0:
-                raise ValueError(f"model.{key} must be > 0 or null (off), got {cap}")
-        check_choice(self.loss_impl, LOSS_IMPLS, "model.loss_impl")
-        if self.final_logit_softcap and self.loss_impl == "fused":
-            raise ValueError(
-                "model.final_logit_softcap needs model.loss_impl=chunked (or auto): the fused "
-                "loss kernel has no logit softcap"
-            )
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_head * self.head_dim
-
-
-def swiglu_hidden_size(d_model: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
-    """Meta's SwiGLU width: 2/3 of 4 * d_model (the parameters of a 4x GELU MLP), times the
-    multiplier, rounded up to multiple_of (Llama-3-8B: 4096 -> 14336)."""
-    hidden = int(2 * (4 * d_model) / 3)
-    if ffn_dim_multiplier is not None:
-        hidden = int(ffn_dim_multiplier * hidden)
-    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
 class RMSNorm(nn.Module):
@@ -206,6 +109,7 @@ class Llama(TransformerModel):
 
     causal = True
     Config = LlamaConfig  # its schema (configs/model/llama-*.yaml with arch: llama)
+    mlp_widths = 4  # SwiGLU keeps gate, up, silu(gate) and their product
 
     def __init__(self, config: LlamaConfig, attention="flash"):
         super().__init__(config, attention)
@@ -250,13 +154,26 @@ class Llama(TransformerModel):
 
     # ---- forward
 
-    def _sequence_length(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> int:
-        """The length of the sequences this call covers (rope_scaling=dynamic): the whole
-        sequence under context parallelism, else the largest position + 1."""
+    def _sequence_length(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        max_seqlen: int | None,
+    ) -> int | None:
+        """The length of the sequences this call covers, for a RoPE scaling that depends on it
+        (dynamic), else None: the whole sequence under context parallelism, the longest
+        document of a packed batch (max_seqlen: its positions restart at 0 in every document,
+        so it is the largest position + 1), the row length without position_ids. Each is known
+        on the host; only explicit positions outside those layouts (a decode step) are read
+        from the tensor, which on a GPU waits for it."""
+        if not self.config.rope_scaling.depends_on_length:
+            return None
         if self.attn_op.splits_sequence:
             return input_ids.shape[1] * self.attn_op.size
         if position_ids is None:
             return input_ids.shape[1]
+        if max_seqlen is not None:
+            return int(max_seqlen)
         return int(position_ids.max()) + 1
 
     def rotary_tables(self, positions: torch.Tensor, seq_len: int | None = None):
@@ -287,14 +204,12 @@ class Llama(TransformerModel):
         if packed and (position_ids is None or max_seqlen is None):
             raise ValueError("cu_seqlens needs max_seqlen and position_ids (data/packing.py)")
         pos = token_positions(input_ids, position_ids, None)  # (B, T) or (1, T)
-        length = self._sequence_length(input_ids, position_ids)
+        length = self._sequence_length(input_ids, position_ids, max_seqlen)
         ids = input_ids
         if packed:  # (N,) tokens and their positions
             ids, pos = input_ids.reshape(-1), pos.reshape(-1)
         x = self.drop(self.embed_tokens(ids))  # (B, T, C) or (N, C)
-        cos, sin = self.rotary_tables(
-            pos, length if cfg.rope_scaling.depends_on_length else None
-        )  # (B or 1, T, D/2) or (N, D/2)
+        cos, sin = self.rotary_tables(pos, length)  # (B or 1, T, D/2) or (N, D/2)
         ctx = AttentionContext(
             causal=self.causal,
             cu_seqlens=cu_seqlens,
@@ -339,8 +254,13 @@ class Llama(TransformerModel):
             )
         return ModelOutput(loss=loss, num_targets=num)
 
-    def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None):
-        """Full (B, T, vocab_size) logits, for inspection and sampling (materialises them)."""
-        z = self.hidden_states(input_ids, position_ids=position_ids) @ self.output_weight().t()
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (..., C) -> logits (..., vocab_size): the LM head, then the final softcap; what
+        the loss scores (inference samples and evaluates through this, not a copy of it)."""
+        z = hidden @ self.output_weight().t()
         cap = self.config.final_logit_softcap
         return cap * torch.tanh(z / cap) if cap else z
+
+    def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None):
+        """Full (B, T, vocab_size) logits, for inspection and sampling (materialises them)."""
+        return self.head_logits(self.hidden_states(input_ids, position_ids=position_ids))

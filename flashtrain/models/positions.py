@@ -1,4 +1,5 @@
-"""Positions: explicit position ids, rotary tables, the 2-D (row + column) grid, the length check
+"""Positions: explicit position ids, applying rotary tables (computed in rotary.py, the one RoPE
+implementation GPT-2's position=rotary and Llama share), the 2-D (row + column) grid, the length check
 of learned tables, and resizing learned tables so a checkpoint trained at a shorter context (or a
 smaller image) loads into a longer one.
 
@@ -50,15 +51,6 @@ def token_positions(
 
 
 # ---- rotary ------------------------------------------------------------------------------------
-
-
-def rotary_tables(positions: torch.Tensor, head_dim: int, base: float = 10000.0):
-    """cos, sin (*positions.shape, head_dim / 2) float32 for integer positions of any shape."""
-    inv_freq = base ** (
-        -torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
-    )
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # (..., D/2)
-    return angles.cos(), angles.sin()
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ define them (the names below are theirs, `original_max_position_embeddings` shor
     llama3   factor, low_freq_factor, high_freq_factor,   low frequencies / factor, high ones kept,
              original_max_seq_len                         a smooth ramp between (Llama 3.1)
 
+GPT-2's position=rotary uses the same tables without scaling (rotary_tables).
 The tables are computed in float32 the way transformers computes them (so a model here and its
 transformers twin rotate q and k identically), once per forward pass and shared by every layer.
 "dynamic" depends on the sequence's length L; here that is the length of the sequence the call
@@ -105,7 +106,8 @@ def check_rotary_head_dim(head_dim: int) -> None:
         )
 
 
-def _default_inv_freq(theta: float | torch.Tensor, dim: int, device) -> torch.Tensor:
+def default_inverse_frequencies(theta: float | torch.Tensor, dim: int, device) -> torch.Tensor:
+    """theta ** (-2i / dim), computed as transformers computes it (so tables match to the bit)."""
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
     return 1.0 / (theta**exponents)  # (D/2,) float32
 
@@ -146,7 +148,7 @@ def _yarn(theta: float, dim: int, s: RopeScalingConfig, device) -> tuple[torch.T
 
 
 def _llama3(theta: float, dim: int, s: RopeScalingConfig, device) -> torch.Tensor:
-    inv_freq = _default_inv_freq(theta, dim, device)
+    inv_freq = default_inverse_frequencies(theta, dim, device)
     factor, low, high, old = s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_seq_len
     low_freq_wavelen, high_freq_wavelen = old / low, old / high
     wavelen = 2 * math.pi / inv_freq
@@ -169,23 +171,32 @@ def inverse_frequencies(
     length, which only "dynamic" uses."""
     kind = scaling.type
     if kind == "none":
-        return _default_inv_freq(theta, head_dim, device), 1.0
+        return default_inverse_frequencies(theta, head_dim, device), 1.0
     if kind == "linear":
-        return _default_inv_freq(theta, head_dim, device) / scaling.factor, 1.0
+        return default_inverse_frequencies(theta, head_dim, device) / scaling.factor, 1.0
     if kind == "dynamic":
         if seq_len is None:
             raise ValueError("rope_scaling.type=dynamic needs the sequence length")
         original = scaling.original_max_seq_len
         if seq_len <= original:
-            return _default_inv_freq(theta, head_dim, device), 1.0
+            return default_inverse_frequencies(theta, head_dim, device), 1.0
         length = torch.tensor(seq_len, dtype=torch.int64, device=device)
         base = theta * ((scaling.factor * length / original) - (scaling.factor - 1)) ** (
             head_dim / (head_dim - 2)
         )  # a float32 0-dim tensor, as transformers computes it
-        return _default_inv_freq(base, head_dim, device), 1.0
+        return default_inverse_frequencies(base, head_dim, device), 1.0
     if kind == "yarn":
         return _yarn(theta, head_dim, scaling, device)
     return _llama3(theta, head_dim, scaling, device), 1.0
+
+
+def rotary_tables(
+    positions: torch.Tensor, head_dim: int, theta: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (*positions.shape, head_dim / 2) float32 of unscaled RoPE (GPT-2's
+    position=rotary; a Llama goes through inverse_frequencies for its scaling)."""
+    inv_freq = default_inverse_frequencies(theta, head_dim, positions.device)
+    return rotary_cos_sin(positions, inv_freq)
 
 
 def rotary_cos_sin(

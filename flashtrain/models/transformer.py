@@ -104,6 +104,8 @@ class TransformerModel(nn.Module):
 
     # state-dict keys of positional tables -> "1d" (sequence axis) or "2d" (an image axis)
     position_tables: dict[str, str] = {}
+    # tensors d_ff wide an MLP keeps for its backward (GELU: input, output), for memory estimates
+    mlp_widths = 2
 
     def __init__(self, config: TransformerConfig, attention):
         super().__init__()
@@ -123,24 +125,30 @@ class TransformerModel(nn.Module):
         self.initialize()
 
     def initialize(self) -> None:
-        """Fresh weights (init_weights), then model.init_from's checkpoint if one is configured
-        (a torch state dict or trainer checkpoint file, or a registered source such as
-        hf:PATH_OR_ID: flashtrain/models/init_sources.py).
+        """Fresh weights (init_weights), then model.init_from's weights if configured: a torch
+        state dict or a trainer checkpoint's model_optim.pt file, or a registered source
+        (flashtrain/models/init_sources.py): a trainer checkpoint folder in either format
+        (flashtrain.train), hf:PATH_OR_ID (flashtrain.hf).
 
         Runs at construction; a model built under `torch.device("meta")` runs it after
         `to_empty(device=...)` (FSDP2-style deferred init)."""
         self.init_weights()
-        load = init_source_for(self.config.init_from) if self.config.init_from else None
-        if load is not None:  # e.g. hf:PATH_OR_ID (registered by flashtrain.hf.init_from)
-            state = load(self.config.init_from, self)
-            self.load_state_dict_extended(state, mode=self.config.init_positions)
-        elif self.config.init_from:
-            state = torch.load(self.config.init_from, map_location="cpu", weights_only=True)
+        ref = self.config.init_from
+        if not ref:
+            return
+        load = init_source_for(ref)
+        if load is not None:
+            state = load(ref, self)
+        else:
+            state = torch.load(ref, map_location="cpu", weights_only=True)
             if isinstance(state, dict) and isinstance(state.get("model"), dict):
-                state = state["model"]  # a trainer checkpoint
+                state = state["model"]  # a trainer checkpoint's model_optim.pt
             if not isinstance(state, dict):
-                raise ValueError(f"model.init_from={self.config.init_from!r} holds no state dict")
+                raise ValueError(f"model.init_from={ref!r} holds no state dict")
+        try:
             self.load_state_dict_extended(state, mode=self.config.init_positions)
+        except RuntimeError as e:  # missing / unexpected keys, other shapes: not this model's
+            raise ValueError(f"model.init_from={ref!r} does not fit this model: {e}") from e
 
     def init_weights(self) -> None:
         raise NotImplementedError

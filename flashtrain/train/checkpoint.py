@@ -20,6 +20,8 @@ checkpoint to the newest intact one. Pruning removes a checkpoint's meta.json be
 a prune cut short never leaves something that looks like a checkpoint but lacks its tensors.
 Model and optimizer state go through torch.distributed.checkpoint.state_dict (parameter names as
 keys, wrapper prefixes removed), so either format loads into single, DDP or FSDP2 runs.
+read_model_state reads the model's weights alone, in one process, from either format
+(model.init_from=<checkpoint folder>: init_from.py).
 """
 
 from __future__ import annotations
@@ -135,6 +137,22 @@ def resolve_resume(
     raise CheckpointError(f"trainer.resume={resume}: no such checkpoint directory")
 
 
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint a command after training names (export, generate, evaluate), its files
+    checked: a step_NNNNNN folder, a checkpoints folder (its newest) or a run directory (its
+    checkpoints/ folder's newest)."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise CheckpointError(
+            f"checkpoint {path} {what}; name a step_NNNNNN folder, a run's checkpoints folder "
+            "or the run directory"
+        )
+    if (path / "checkpoints").is_dir() and not (path / META).exists():
+        path = path / "checkpoints"  # a run directory
+    return resolve_resume(str(path), path)
+
+
 def _newest_intact(root: str | os.PathLike, allow_unverified: bool) -> Path | None:
     found = find_checkpoints(root)
     for info in reversed(found):
@@ -226,12 +244,26 @@ def _is_main() -> bool:
 
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: no half-written file left behind
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_directory(path.parent)
+
+
+class LatestNotUpdated(Exception):
+    """The checkpoint is complete and in place, but writing `latest` (which names it) failed."""
+
+    def __init__(self, final: Path, error: OSError):
+        super().__init__(
+            f"checkpoint {final} is complete, but writing {final.parent / 'latest'} failed: {error}"
+        )
+        self.final = final
 
 
 def save_checkpoint(
@@ -345,7 +377,10 @@ def _finish_save(root, tmp, final, files, trainer_state, meta, config_yaml, shar
     else:
         os.rename(tmp, final)
     fsync_directory(root)
-    _atomic_write_text(root / "latest", final.name + "\n")
+    try:
+        _atomic_write_text(root / "latest", final.name + "\n")
+    except OSError as e:
+        raise LatestNotUpdated(final, e) from e
 
 
 def checkpoint_step(path: Path) -> int:
@@ -390,6 +425,13 @@ def _is_no_space(error: BaseException) -> bool:
 
 
 def _describe_failure(error: BaseException | None, tmp: Path) -> tuple[str, str]:
+    if isinstance(error, LatestNotUpdated) and _is_no_space(error):
+        return "no_space", (
+            f"no space left on the device writing {error.final.parent / 'latest'}: checkpoint "
+            f"{error.final} is complete and kept (trainer.resume=auto finds it), only `latest` "
+            f"still names the one before; free space on {error.final.parent} (or lower "
+            f"trainer.keep_last), then continue with trainer.resume=auto"
+        )
     if error is not None and _is_no_space(error):
         final = tmp.parent / tmp.name[1 : -len(".tmp")]
         return "no_space", (
@@ -442,14 +484,22 @@ def load_checkpoint(
     """Load model and optimizer state from checkpoint `path` in place; return (trainer_state,
     meta). Every rank calls it. Raises CheckpointError, before touching the model, when a file
     does not match its checksum (the ranks share the hashing) or is unreadable, when it has no
-    checksums and not allow_unverified, or when the checkpoint was written for another model:
-    one whose saved config differs from `model_config` (when given) in a field that changes
-    what the model computes, or of another shape."""
+    checksums and not allow_unverified, when meta.json and trainer.pt disagree on the step, or
+    when the checkpoint was written for another model: one whose saved config differs from
+    `model_config` (when given) in a field that changes what the model computes, or of another
+    shape."""
     path = Path(path)
     meta = read_meta(path)
     _verify_on_every_rank(path, meta, allow_unverified)
     if model_config is not None:
         check_model_config(path, meta.get("model_config"), model_config)
+    # the step check, before the model is touched (trainer.pt is small)
+    trainer_state = _torch_load(path / TRAINER_STATE, weights_only=False)
+    if isinstance(trainer_state, dict) and trainer_state.get("step", meta["step"]) != meta["step"]:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: its {META} says step {meta['step']}, its "
+            f"{TRAINER_STATE} step {trainer_state['step']}"
+        )
     fmt = meta["format"]
     current = {k: tuple(shape) for k, shape in _full_shapes(model).items()}
     if fmt == "torch":
@@ -462,40 +512,77 @@ def load_checkpoint(
         set_model_state_dict(model, state["model"], options=options)
         set_optimizer_state_dict(model, optimizer, state["optim"], options=options)
     elif fmt == "dcp":
-        import torch.distributed.checkpoint as dcp
-
-        try:
-            metadata = dcp.FileSystemReader(str(path)).read_metadata()
-        except Exception as e:  # noqa: BLE001 - any reader failure means an unusable checkpoint
-            raise CheckpointError(
-                f"checkpoint {path} is corrupt: cannot read its metadata ({e})"
-            ) from e
-        saved = {}
-        for key, md in metadata.state_dict_metadata.items():
-            if key.startswith("model.") and hasattr(md, "size"):
-                saved[key[len("model.") :]] = tuple(md.size)
+        saved = {name: tuple(md.size) for name, md in _dcp_model_entries(path).items()}
         _check_shapes(path, saved, current, meta)
         state = {
             "model": get_model_state_dict(model),
             "optim": get_optimizer_state_dict(model, optimizer),
         }
-        try:
-            with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
-        except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint {path} is corrupt or incomplete: {e}") from e
+        _dcp_load(path, state, no_dist=not dist.is_initialized())
         set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, optimizer, state["optim"])
     else:
         raise CheckpointError(f"checkpoint {path} has unknown format {fmt!r}")
-    trainer_state = _torch_load(path / TRAINER_STATE, weights_only=False)
-    if isinstance(trainer_state, dict) and trainer_state.get("step", meta["step"]) != meta["step"]:
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt: its {META} says step {meta['step']}, its "
-            f"{TRAINER_STATE} step {trainer_state['step']}"
-        )
     return trainer_state, meta
+
+
+def read_model_state(
+    path: str | os.PathLike, *, allow_unverified: bool = False
+) -> tuple[dict[str, torch.Tensor], Path]:
+    """The model weights saved in checkpoint `path` (a step folder, or a checkpoints folder: its
+    newest intact checkpoint), every file checked against its checksum first; read in this
+    process without a process group, whatever the format: "torch" from model_optim.pt, "dcp"
+    (FSDP2) the model's entries of every rank's shards, the optimizer's left unread. On CPU, in
+    the saved shapes and dtypes, by the names get_model_state_dict gives (the model's own).
+    Returns (state, the checkpoint directory read)."""
+    step_dir = resolve_resume(str(path), path, allow_unverified=allow_unverified)
+    if step_dir is None:
+        raise CheckpointError(f"no checkpoint at {path}")
+    fmt = read_meta(step_dir)["format"]
+    if fmt == "torch":
+        state = _torch_load(step_dir / MODEL_OPTIM, weights_only=True)
+        if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+            raise CheckpointError(f"checkpoint {step_dir} is corrupt: {MODEL_OPTIM} lacks model")
+        return state["model"], step_dir
+    if fmt == "dcp":
+        model_state = {
+            name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+            for name, md in _dcp_model_entries(step_dir).items()
+        }
+        _dcp_load(step_dir, {"model": model_state}, no_dist=True)
+        return model_state, step_dir
+    raise CheckpointError(f"checkpoint {step_dir} has unknown format {fmt!r}")
+
+
+def _dcp_model_entries(path: Path) -> dict:
+    """{parameter name: its TensorStorageMetadata (global size, dtype)} of a DCP checkpoint's
+    model, from its .metadata alone."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any reader failure means an unusable checkpoint
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: cannot read its metadata ({e})"
+        ) from e
+    return {
+        key[len("model.") :]: md
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and hasattr(md, "size")
+    }
+
+
+def _dcp_load(path: Path, state: dict, *, no_dist: bool) -> None:
+    """dcp.load of `state`'s entries from checkpoint `path`, in place (no_dist: in this process
+    alone, with or without a process group)."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=str(path), no_dist=no_dist)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"checkpoint {path} is corrupt or incomplete: {e}") from e
 
 
 # Model settings that do not change what a loaded model computes: how it is computed (memory

@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from flashtrain.attention.ring_sharding import LAYOUTS
 from flashtrain.data.config import DataConfig
-from flashtrain.data.registry import data_config
-from flashtrain.models import TransformerConfig, model_config
+from flashtrain.data.registry import DATA, data_config
+from flashtrain.models import MODEL_CONFIGS, TransformerConfig, model_config
 from flashtrain.models.attention_layers import AttentionConfig, attention_config
 from flashtrain.typed_config import ConfigError, check_choice, to_dataclass
 
@@ -212,6 +212,7 @@ def check_data_fits(cfg: TrainConfig) -> None:
     """What the data needs from the model, the attention and the trainer, known from the config
     alone: checked before anything is built, dry runs included, so no run prepares its data
     (tokenizing a corpus, generating images) only to be refused."""
+    check_task(cfg.model, cfg.data)
     data_ids = getattr(cfg.data, "vocab_size", None)  # every loader's token id count
     if data_ids is not None and data_ids > cfg.model.vocab_size:
         raise ValueError(
@@ -231,6 +232,30 @@ def check_data_fits(cfg: TrainConfig) -> None:
                 f"trainer.context_parallel={cfg.trainer.context_parallel} splits whole sequences "
                 f"and cannot split packed documents: pass data.document_masking=false"
             )
+
+
+def _trains_on(arch: str, schema: type[TransformerConfig], task: str) -> str:
+    """How a config picks `task` for an architecture: "model.arch=bert with model.head=mlm"."""
+    how = f" with model.{schema.task_key}={task}" if schema.task_key else ""
+    return f"model.arch={arch}{how}"
+
+
+def check_task(model: TransformerConfig, data: DataConfig) -> None:
+    """The model must train on the task the data's loader class gives (lm, mlm, classification):
+    each model config says its task (TransformerConfig.task), each loader class its `task`."""
+    loader = DATA.build_class(data).for_config(data)
+    if model.task == loader.task:
+        return
+    fits = [
+        _trains_on(arch, schema, loader.task)
+        for arch, schema in MODEL_CONFIGS.items()
+        if loader.task in schema.tasks
+    ]
+    raise ValueError(
+        f"data '{data.name}' ({loader.__name__}) gives {loader.task} batches, but "
+        f"{_trains_on(model.arch, type(model), model.task)} trains on {model.task} batches; "
+        f"for {loader.task} data use {' or '.join(fits) or 'a model that trains on it'}"
+    )
 
 
 def validate_config(cfg: Any) -> TrainConfig:

@@ -79,6 +79,8 @@ class ContextParallel:
             return build_model(model_cfg, attention_cfg)
         try:
             ring = RingAttention(attention_cfg, group=self.group, layout=self.layout)
+            if self.mesh is None:  # planned for a dry run: no group, no forward; say its size
+                ring.rank, ring.size = self.rank, self.size
             return build_model(model_cfg, ring)
         except ValueError as e:
             raise ConfigError(f"trainer.context_parallel={self.size}: {e}") from None
@@ -176,6 +178,15 @@ def check_supported(cfg: TrainConfig) -> None:
             f"trainer.context_parallel={size}: data loader {cfg.data.loader!r} pads short "
             f"sequences, and {RingAttention.NO_PADDING}"
         )
+
+
+def planned_context_parallel(cfg: TrainConfig, world_size: int) -> ContextParallel:
+    """The split of a world this process is not part of (a dry run planning for the world its
+    config needs, dry_run.py): the sizes, checked as for a real run, and no process groups."""
+    size, layout = cfg.trainer.context_parallel, cfg.trainer.cp_layout
+    check_context_parallel(size, world_size)
+    check_supported(cfg)
+    return ContextParallel(size=size, layout=layout, dp_size=world_size // size)
 
 
 def setup_context_parallel(cfg: TrainConfig, env: DistEnv) -> ContextParallel:

@@ -38,7 +38,7 @@ def main(cfg: Any) -> None:
     """Entry point for train.py: run, and turn expected failures into a message and exit code."""
     _give_hydra_error_reporting_back()
     try:
-        run(cfg)
+        run(with_command_line_settings(cfg))
     except USER_ERRORS as e:
         _report_user_error(e)
         raise SystemExit(EXIT_USER_ERROR) from None
@@ -60,6 +60,20 @@ def main(cfg: Any) -> None:
     except Preempted as e:
         _report_preempted(e)
         raise SystemExit(EXIT_PREEMPTED) from None
+
+
+def with_command_line_settings(cfg: Any) -> Any:
+    """The composed config (a DictConfig) with the data settings of a program whose top level
+    is guarded (flashtrain.data.registry.command_line_settings: e.g. Pathfinder's generator on
+    all cores when data.num_workers is null). A bad config raises what the Trainer would."""
+    from omegaconf import OmegaConf
+
+    from flashtrain.data.registry import command_line_settings
+    from flashtrain.train.config import validate_config
+
+    for key, value in command_line_settings(validate_config(cfg).data).items():
+        OmegaConf.update(cfg, f"data.{key}", value, merge=False)
+    return cfg
 
 
 def _wants_traceback() -> bool:

@@ -25,7 +25,7 @@ log = logging.getLogger("flashtrain")
 
 # What the data streams and RNG positions of a checkpoint are split by: a resume must match it.
 # (key in the trainer state, the setting that sets it, the argument to pass instead)
-PER_PROCESS_LAYOUT = (
+PER_PROCESS_SPLIT = (
     ("world_size", "world size (processes)", "--nproc_per_node matching {}"),
     ("context_parallel", "trainer.context_parallel", "trainer.context_parallel={}"),
 )
@@ -133,7 +133,7 @@ class RunCheckpoints:
             model_config=config_dict(self.cfg)["model"],
         )
         current = {"world_size": self.env.world_size, "context_parallel": self.cp_size}
-        for key, setting, fix in PER_PROCESS_LAYOUT:
+        for key, setting, fix in PER_PROCESS_SPLIT:
             was = int(saved.get(key, 1))
             if was != current[key]:
                 raise ckpt.CheckpointError(

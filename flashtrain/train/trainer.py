@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import gc
 import logging
 import math
@@ -34,7 +35,11 @@ from flashtrain.train.config import (
     config_yaml,
     validate_config,
 )
-from flashtrain.train.context_parallel import ContextParallel, setup_context_parallel
+from flashtrain.train.context_parallel import (
+    ContextParallel,
+    planned_context_parallel,
+    setup_context_parallel,
+)
 from flashtrain.train.cpu_estimate import estimate_cpu_step_time, refuse_slow_cpu_run
 from flashtrain.train.distributed import (
     DistEnv,
@@ -47,11 +52,13 @@ from flashtrain.train.distributed import (
     unwrap,
     wrap_model,
 )
+from flashtrain.train.dry_run import assumed_world_line, memory_for, memory_lines, planned_world
 from flashtrain.train.errors import from_config
 from flashtrain.train.evaluation import evaluate_model
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
 from flashtrain.train.interval import IntervalStats
 from flashtrain.train.loggers import Loggers, build_loggers
+from flashtrain.train.memory_estimate import MemoryEstimate
 from flashtrain.train.metrics import (
     PeakFlops,
     Throughput,
@@ -135,9 +142,17 @@ class Trainer:
         cfg, t, env = self.cfg, self.cfg.trainer, self.env
         if not env.is_main:
             log.setLevel(logging.WARNING)
-        self.strategy = resolve_strategy(t.strategy, env.world_size)
-        self.plan: BatchPlan = batch_plan(cfg, env.world_size, t.context_parallel)
-        self.cp: ContextParallel = setup_context_parallel(cfg, env)
+        self.dry_run = t.max_steps == 0
+        # A dry run plans for the world its config needs when this one cannot run it.
+        self.world_size = env.world_size
+        if self.dry_run:
+            self.world_size = planned_world(env.world_size, t.context_parallel)
+        self.strategy = resolve_strategy(t.strategy, self.world_size)
+        self.plan: BatchPlan = batch_plan(cfg, self.world_size, t.context_parallel)
+        if self.world_size == env.world_size:
+            self.cp: ContextParallel = setup_context_parallel(cfg, env)
+        else:
+            self.cp = planned_context_parallel(cfg, self.world_size)
         self.precision = resolve_precision(t.precision, env.device, self.strategy)
         self.run_dir = Path(
             broadcast_object(str(Path(run_dir).absolute()) if env.is_main else None)
@@ -148,7 +163,6 @@ class Trainer:
         self.history: list[tuple[int, float]] = []
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.interval = IntervalStats()
-        self.dry_run = t.max_steps == 0
         self.data_state: dict | None = None  # the stream position after the batches consumed
 
         if env.device.type == "cuda":
@@ -175,13 +189,16 @@ class Trainer:
         self.throughput = Throughput(self.flops_per_token, self.peak, env.world_size)
         flops_per_step = self.flops_per_token * self.plan.tokens_per_step
         self.cpu_step_estimate = (
-            estimate_cpu_step_time(flops_per_step / env.world_size, matmul_flops)
+            estimate_cpu_step_time(flops_per_step / self.world_size, matmul_flops)
             if matmul_flops is not None
             else None
         )
         self.compile_blocks = (
             t.compile if isinstance(t.compile, bool) else env.device.type == "cuda"
         )
+        self.memory: MemoryEstimate | None = None  # a dry run's per-GPU estimate
+        if self.dry_run:
+            self.memory = memory_for(model, t, self.plan, self.strategy, t.precision)
         self._print_summary(model if self.dry_run else None)
         if self.dry_run:  # nothing more: no weights, no data (no tokenizer, no generation)
             return
@@ -289,9 +306,13 @@ class Trainer:
         threads = f" (threads: {torch.get_num_threads()})" if env.device.type == "cpu" else ""
         lines.append(
             f"device: {env.device}{threads}  strategy: {self.strategy}  precision: "
-            f"{self.precision}  world: {env.world_size}  compiled blocks: "
+            f"{self.precision}  world: {self.world_size}  compiled blocks: "
             f"{'yes' if self.compile_blocks else 'no'}"
         )
+        if model is not None:  # a dry run: the memory the planned world needs per GPU
+            assumed = assumed_world_line(env.world_size, self.world_size, t.context_parallel)
+            lines += [assumed] if assumed else []
+            lines += memory_lines(self.memory, model, plan, self.strategy)
         peak = f"{format_count(self.peak.flops)}FLOP/s" if self.peak.flops else "unknown"
         lines.append(f"peak: {peak} ({self.peak.source})")
         if self.cpu_step_estimate is not None:
@@ -408,6 +429,8 @@ class Trainer:
             "evals": list(self.eval_history),
             "checkpoint": str(self.state.last_ckpt) if self.state.last_ckpt else None,
             "run_dir": str(self.run_dir),
+            "world_size": self.world_size,  # a dry run's planned world (dry_run.py)
+            "memory_per_gpu": dataclasses.asdict(self.memory) if self.memory else None,
         }
 
     def _autocast(self):

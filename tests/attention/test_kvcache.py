@@ -178,20 +178,43 @@ def test_leftpad_keys_are_never_attended():
 
 
 @pytest.mark.single_route
-def test_every_split_count_gives_the_same_answer():
-    """The kernel (interpreter) with 1, 2, 3, 5 and more splits than key tiles: one answer."""
+@pytest.mark.parametrize(
+    "options", [{}, {"alibi": True}, {"window_size": (37, 0)}], ids=["plain", "alibi", "window"]
+)
+def test_every_split_count_gives_the_same_answer(options):
+    """The kernel (interpreter, 16-key tiles) over a 400-token cache (25 key tiles): 1, 2, 3, 5,
+    24 and 25 splits, 64 (capped at one per key tile: 25) and the shape's choice give one answer,
+    equal to float64 attention; the short entry leaves most splits empty, and the window leaves
+    most of the long entry's splits outside it (lse -inf, weight 0 in the merge)."""
+    from flashtrain.kernels.flash_decode import decode_config
+
     torch.manual_seed(7)
-    q, kc, vc = _rand(2, 2, 4, 16), _rand(2, 70, 2, 16), _rand(2, 70, 2, 16)
-    lens = torch.tensor([70, 9], dtype=torch.int32)  # the short entry leaves most splits empty
+    cache_len, sq, hq, hkv, d = 400, 2, 4, 2, 16
+    q, kc, vc = _rand(2, sq, hq, d), _rand(2, cache_len, hkv, d), _rand(2, cache_len, hkv, d)
+    key_tiles = -(-cache_len // decode_config(d, q.dtype, q.device, sq * hq // hkv).block_n)
+    assert key_tiles >= 20  # so that 24, 25 and 64 are 20+ real splits
+    lens = torch.tensor([cache_len, 9], dtype=torch.int32)
+    opts = dict(causal=True, window_size=options.get("window_size", (-1, -1)))
+    if options.get("alibi"):
+        opts["alibi_slopes"] = torch.rand(2, hq) * 0.5
     results = [
         flash_attn_with_kvcache(
-            q, kc, vc, cache_seqlens=lens, causal=True, num_splits=n, return_softmax_lse=True
+            q, kc, vc, cache_seqlens=lens, num_splits=n, return_softmax_lse=True, **opts
         )
-        for n in (1, 2, 3, 5, 64, 0)
+        for n in (1, 2, 3, 5, 24, 25, 64, 0)
     ]
     for out, lse in results[1:]:
         torch.testing.assert_close(out, results[0][0], atol=1e-6, rtol=0)
         torch.testing.assert_close(lse, results[0][1], atol=1e-6, rtol=0)
+    for b, length in enumerate(lens.tolist()):
+        slopes = opts.get("alibi_slopes")
+        ref_out, ref_lse = _reference(
+            q[b : b + 1], kc[b : b + 1, :length], vc[b : b + 1, :length], causal=True,
+            window_size=opts["window_size"],
+            alibi_slopes=None if slopes is None else slopes[b : b + 1],
+        )  # fmt: skip
+        torch.testing.assert_close(results[-1][0][b : b + 1].double(), ref_out, atol=2e-5, rtol=0)
+        torch.testing.assert_close(results[-1][1][b : b + 1].double(), ref_lse, atol=2e-5, rtol=0)
 
 
 def test_chunked_prefill_then_decode_equals_one_causal_pass():

@@ -112,6 +112,19 @@ def test_the_verdict_places_the_loss_between_floor_and_optimum(fraction, words):
     )
 
 
+@pytest.mark.parametrize("seq_len", [3, 256])
+def test_the_verdict_never_gives_a_share_below_0_or_above_100(seq_len):
+    """At seq_len 3 the gap between floor and optimum is log(V) / (2 K) = 0.054 nats, and an
+    early loss just above the floor read "reached -442% of the way"."""
+    data = make(seq_len=seq_len)
+    floor, best = math.log(VALUES), data.optimal_loss()
+    above = data.loss_verdict(floor + 0.2)
+    assert "%" not in above and f"{floor + 0.2:.3f} is above the no-context floor" in above
+    assert "does not use its context" in above
+    below = data.loss_verdict(best - 0.01)  # noise past the optimum
+    assert "reached 100% of the way" in below and "uses its context" in below
+
+
 def test_ranks_split_the_global_stream_and_resume_is_exact():
     whole = next(make(batch=4).train_batches())["input_ids"]
     parts = [

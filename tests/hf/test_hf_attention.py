@@ -159,21 +159,29 @@ def test_dropout_in_training_only(monkeypatch):
 
 def test_what_the_kernels_cannot_honour(monkeypatch, caplog):
     monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    monkeypatch.setattr(hf_attention, "_warned_fallback", False)  # warned once per process
     register()
     config = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                       num_attention_heads=2, vocab_size=41)  # fmt: skip
     ours, eager = twins(config)
     ids = torch.randint(0, 41, (2, 6))
-    with pytest.raises(
-        ValueError, match='output_attentions=True needs attn_implementation="eager"'
-    ):
-        ours(ids, output_attentions=True)
+    refused = 'output_attentions=True needs attn_implementation="eager"'
+    with pytest.raises(ValueError, match=refused):
+        ours(ids, output_attentions=True)  # Llama passes the flag to the attention function
+    # GPT-2 pops it and records what its attention layers return (transformers' output hooks)
+    gpt2, _ = twins(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32,
+                                            vocab_size=41))  # fmt: skip
+    with pytest.raises(ValueError, match=refused):
+        gpt2(ids, output_attentions=True)
     # an arbitrary 4-D float mask (a bias): SDPA, with a warning, equal to eager
     bias = torch.randn(2, 1, 6, 6).tril() + torch.full((6, 6), float("-inf")).triu(1)
     with torch.no_grad(), caplog.at_level("WARNING", logger="flashtrain.hf"):
         got = ours(ids, attention_mask=bias).logits
         want = eager(ids, attention_mask=bias).logits
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "flashtrain.hf"]
+    assert len(warnings) == 1 and "a 4-D attention mask" in warnings[0]
+    assert "runs on PyTorch SDPA instead of flashtrain's kernels" in warnings[0]
     gemma = transformers.Gemma2Config(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                                       vocab_size=41, attn_logit_softcapping=5.0)  # fmt: skip

@@ -1,11 +1,11 @@
-"""scripts/export_hf.py: a trained checkpoint becomes a folder from_pretrained loads, computing
-flashtrain's logits; sharded (DCP) checkpoints, tokenizer files, byte-level notes, refusals."""
+"""scripts/export_hf.py (flashtrain.hf.export_cli): a trained checkpoint becomes a folder
+from_pretrained loads, computing flashtrain's logits; sharded (DCP) checkpoints, tokenizer files,
+byte-level notes, refusals."""
 
 from __future__ import annotations
 
 import json
 import os
-import runpy
 import socket
 import subprocess
 import sys
@@ -16,6 +16,7 @@ from hf_testing import REPO, TINY_RUN, rel_err, save_model_checkpoint, transform
 
 from flashtrain.hf.checkpoint_model import load_checkpoint_model
 from flashtrain.hf.export import export_checkpoint
+from flashtrain.hf.export_cli import main
 from flashtrain.models import build_model
 
 
@@ -31,9 +32,10 @@ def flashtrain_logits(model, ids):
 
 
 def test_exported_run_loads_with_from_pretrained(trained, tmp_path):
+    """The run directory as CKPT (its checkpoints/ folder's newest), as README shows."""
     out = tmp_path / "exported"
     res = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(trained / "checkpoints"), str(out)],
+        [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(trained), str(out)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
@@ -43,7 +45,14 @@ def test_exported_run_loads_with_from_pretrained(trained, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no temporary folder left
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["GPT2LMHeadModel"] and config["n_positions"] == 64
-    assert "comes as token ids, with no tokenizer" in (out / "README.md").read_text()
+    readme = (out / "README.md").read_text()
+    assert "comes as token ids, with no tokenizer" in readme
+    # where it came from by name, and no path of this machine
+    meta = json.loads((trained / "checkpoints" / "step_000006" / "meta.json").read_text())
+    commit = json.loads((trained / "run.json").read_text())["commit"]
+    assert f"from run `{meta['run_name']}`, checkpoint\n`step_000006` (step 6," in readme
+    assert f"flashtrain commit `{commit}`" in readme
+    assert str(trained.parent) not in readme and "/tmp" not in readme and "init_from" not in readme
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     model, info = load_checkpoint_model(trained / "checkpoints")
@@ -154,10 +163,12 @@ def test_refusals(tmp_path, trained, capsys):
         export_checkpoint(ckpt, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     (tmp_path / "taken").mkdir()
-    script = runpy.run_path(str(REPO / "scripts" / "export_hf.py"))  # the shim, in-process
-    assert script["main"]([str(trained / "checkpoints"), str(tmp_path / "taken")]) == 2
+    assert main([str(trained / "checkpoints"), str(tmp_path / "taken")]) == 2
     assert "exists; pass overwrite=True (--overwrite)" in capsys.readouterr().err
     export_checkpoint(trained / "checkpoints", tmp_path / "taken", overwrite=True)
+    assert main([str(tmp_path / "absent"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "absent does not exist; name a step_NNNNNN folder" in err and "trainer.resume" not in err
     assert (tmp_path / "taken" / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "taken"]
 

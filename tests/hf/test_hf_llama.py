@@ -3,6 +3,9 @@ the same state dict and the same logits (float64, ~1e-12), GQA and each rope_sca
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 import torch
 from hf_testing import assert_same_state, randomise_, rel_err, transformers
@@ -84,6 +87,53 @@ def test_llama_round_trip(case):
         want = hf(ids).logits
         got = model.logits(ids)
     assert rel_err(got, want) < 1e-12
+
+
+@pytest.mark.parametrize(
+    "rope, top_level", [("yarn", None), ("llama3", None), ("yarn", 8), ("dynamic", None)]
+)
+def test_rope_original_context_as_transformers_takes_it(tmp_path, rope, top_level):
+    """A config.json whose rope_parameters lack original_max_position_embeddings: transformers
+    takes a top-level one (Phi-3's place) or max_position_embeddings; dynamic always the latter
+    (its stray value here is ignored). rope_theta=100 makes the original context matter at
+    head_dim 16."""
+    hf = tiny(rope=rope, rope_parameters={"rope_theta": 100.0, **ROPE[rope]})
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    if rope == "dynamic":
+        config["rope_parameters"]["original_max_position_embeddings"] = 4
+    else:
+        del config["rope_parameters"]["original_max_position_embeddings"]
+    if top_level is not None:
+        config["original_max_position_embeddings"] = top_level
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, dtype=torch.float64, attn_implementation="sdpa"
+    ).eval()
+    model = from_hf(str(tmp_path), attention=REF).eval()
+    assert model.config.rope_scaling.original_max_seq_len == (top_level or 16)
+    ids = torch.randint(0, 57, (2, 40), generator=torch.Generator().manual_seed(2))  # > 16
+    with torch.no_grad():
+        want = ref(ids).logits
+        assert rel_err(model.logits(ids), want) < 1e-12
+        # the original context matters here: another one moves the logits
+        original = 2 * model.config.rope_scaling.original_max_seq_len
+        other = dataclasses.replace(model.config.rope_scaling, original_max_seq_len=original)
+        moved = from_hf(str(tmp_path), attention=REF, rope_scaling=dataclasses.asdict(other))
+        assert rel_err(moved.eval().logits(ids), want) > 1e-6
+
+
+def test_unknown_rope_type_is_refused_by_name():
+    hf = tiny()
+    config = hf.config.to_dict()
+    config["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 10000.0,
+                                 "long_factor": [1.0] * 8, "short_factor": [1.0] * 8,
+                                 "original_max_position_embeddings": 16}  # fmt: skip
+    from flashtrain.hf.llama import LlamaMapping
+
+    with pytest.raises(ValueError, match=r"rope_type='longrope' is not implemented .*allowed: "
+                                         r"default, linear, dynamic, yarn, llama3"):  # fmt: skip
+        LlamaMapping().config_from_hf(config)
 
 
 def test_llama_refusals():

@@ -50,8 +50,10 @@ def test_gpt2_round_trip(pad_vocab_multiple):
     assert rel_err(again, want) < 1e-13  # the same weights (its default attention: sdpa)
 
 
-def test_bert_mlm_round_trip():
-    hf = tiny_bert_mlm()
+@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_new", "gelu_pytorch_tanh"])
+def test_bert_mlm_round_trip(hidden_act):
+    """The MLM head's transform applies hidden_act too (as the original BERT's does)."""
+    hf = tiny_bert_mlm(hidden_act=hidden_act)
     model = from_hf(hf, attention=REF, pad_vocab_multiple=8).eval()
     assert model.config.head == "mlm" and model.mlm_bias.shape[0] == 56
     back = to_hf(model)

@@ -7,11 +7,18 @@ import math
 
 import pytest
 import torch
+from inference_testing import tiny_llama
 
 from flashtrain.data.registry import build_data
 from flashtrain.inference.checkpoint import load_for_inference
-from flashtrain.inference.evaluate import bucket_edges, evaluate_length
+from flashtrain.inference.evaluate import (
+    bucket_edges,
+    evaluate_length,
+    token_losses,
+    window_starts,
+)
 from flashtrain.inference.evaluate_cli import main
+from flashtrain.lab.checkout import CONFIGS
 
 
 def _data(run):
@@ -35,6 +42,23 @@ def test_loss_equals_the_models_own_loss_on_the_same_windows(text_run):
     assert weighted / result.tokens == pytest.approx(result.loss, rel=1e-9)
 
 
+def test_loss_is_the_models_own_with_a_final_logit_softcap():
+    """A Llama whose head is soft-capped (Gemma 2's final_logit_softcap): the evaluation scores
+    the capped logits, as the model's loss does (the raw head product gives another number)."""
+    model = tiny_llama(vocab_size=16)  # final_logit_softcap 1.0
+    data = dict(loader="synthetic", num_keys=8, num_values=8, vocab_size=16)
+    result = evaluate_length(model, data, 32, batch_size=4, max_batches=2)
+    module = build_data(data, seq_len=32, micro_batch_size=4, seed=1234, eval_batches=2)
+    total = count = 0.0
+    with torch.no_grad():
+        for batch in module.val_batches():
+            out = model(**batch)
+            total += float(out.loss) * int(out.num_targets)
+            count += int(out.num_targets)
+    assert result.tokens == count
+    assert result.loss == pytest.approx(total / count, rel=1e-5)
+
+
 def test_sliding_windows_score_every_token_once(text_run):
     loaded = load_for_inference(text_run)
     seq_len, stride, batches = 32, 8, 10  # 40 windows starting 0, 8, ..., 312
@@ -47,6 +71,54 @@ def test_sliding_windows_score_every_token_once(text_run):
             assert n == end - start
         elif start >= seq_len - stride:
             assert n == 40 * (end - start)
+
+
+@pytest.mark.parametrize("seq_len, stride", [(32, 8), (24, 7)])
+def test_sliding_windows_over_the_whole_split_score_all_but_the_first_token(
+    text_run, seq_len, stride
+):
+    """Without a cap the windows reach the split's end: the last one scores the tail the
+    strided ones leave, so the scored tokens are the split's tokens minus the first."""
+    loaded = load_for_inference(text_run)
+    data = loaded.config.data
+    split = build_data(data, seq_len=seq_len, micro_batch_size=4, seed=1234, eval_batches=None)
+    length = len(split.splits["validation"].tokens)
+    assert (length - 1 - seq_len) % stride, "a tail the strides leave"
+    result = evaluate_length(loaded.model, data, seq_len, stride=stride, batch_size=16)
+    assert result.tokens == length - 1
+    assert result.windows == f"sliding, stride {stride}"
+
+
+def test_windows_cover_each_label_once():
+    for length, seq_len, stride in [(33, 32, 8), (100, 32, 8), (101, 32, 7), (64, 10, 10)]:
+        scored = []
+        for start, first in window_starts(length, seq_len, stride):
+            assert 0 <= first < seq_len and start + seq_len < length
+            scored += range(start + 1 + first, start + 1 + seq_len)  # token indices
+        assert scored == list(range(1, length))
+    with pytest.raises(ValueError, match="fewer than one window"):
+        window_starts(32, 32, 8)
+
+
+def test_bits_per_byte_leave_out_the_end_of_document_token(text_run):
+    """Every line of the text run is a document ending in <eos> (id 256): bits per byte are the
+    loss on byte targets alone."""
+    loaded = load_for_inference(text_run)
+    data = loaded.config.data
+    eos = loaded.tokenizer.eos_id
+    result = evaluate_length(loaded.model, data, 32, batch_size=4, max_batches=3,
+                             special_ids=loaded.tokenizer.special_ids)  # fmt: skip
+    module = build_data(data, seq_len=32, micro_batch_size=4, seed=1234, eval_batches=3)
+    text_sum = text_count = eos_count = 0
+    for batch in module.val_batches():
+        losses = token_losses(loaded.model, batch)
+        labels = batch["labels"]
+        text = (labels != -100) & (labels < 256)
+        text_sum += float(losses[text].double().sum())
+        text_count += int(text.sum())
+        eos_count += int((labels == eos).sum())
+    assert eos_count > 0 and result.text_tokens == text_count == result.tokens - eos_count
+    assert result.bits_per_byte() == pytest.approx(text_sum / text_count / math.log(2), rel=1e-6)
 
 
 def test_synthetic_reports_the_known_optimum(recall_run):
@@ -72,15 +144,35 @@ def test_command_writes_json_markdown_and_plot_beyond_the_trained_length(text_ru
     assert report["lengths"][0]["tokens"] == report["lengths"][1]["tokens"]  # the same span
     beyond = report["lengths"][1]
     assert beyond["notes"] == ["learned positions interpolated from 64"]
-    assert beyond["bits_per_byte"] == pytest.approx(beyond["loss"] / math.log(2))
-    assert "| 128 |" in (out / "eval.md").read_text()
+    assert 0 < beyond["bytes"] < beyond["tokens"]  # the lines' <eos> are no bytes
+    assert [e["windows"] for e in report["lengths"]] == ["non-overlapping"] * 2
+    assert "| 128 | non-overlapping |" in (out / "eval.md").read_text()
     assert (out / "loss_by_position.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_command_on_another_data_config_and_bad_requests(recall_run, capsys):
-    assert main([str(recall_run), "--seq-len", "8", "--data", "synthetic", "num_keys=4",
-                 "num_values=4", "vocab_size=16", "--batches", "1", "--no-progress"]) == 0  # fmt: skip
+    other = ["--data", "synthetic", "num_keys=4", "num_values=4", "vocab_size=16"]
+    assert main([str(recall_run), "--seq-len", "8", *other, "--batches", "1", "--no-progress"],
+                configs=CONFIGS) == 0  # fmt: skip
     report = json.loads((recall_run / "eval" / "step_000006" / "eval.json").read_text())
     assert report["lengths"][0]["positions"][0]["optimal"] == pytest.approx(math.log(4))
     assert main([str(recall_run), "--seq-len", "32", "--stride", "8", "--no-progress"]) == 2
     assert "--stride needs a token corpus" in capsys.readouterr().err
+    # --data needs a configs folder: the caller's (scripts/evaluate.py passes the checkout's)
+    assert main([str(recall_run), "--seq-len", "8", *other, "--no-progress"]) == 2
+    assert "give --configs DIR" in capsys.readouterr().err
+    assert main([str(recall_run), "--seq-len", "8", *other, "--configs", str(CONFIGS),
+                 "--batches", "1", "--no-progress"]) == 0  # fmt: skip
+
+
+def test_command_refuses_data_of_another_tokenizer(recall_run, text_run, capsys):
+    """Other ids than the run's mean other text, or index past the model's vocabulary: exit 2
+    naming both tokenizers, no traceback."""
+    wider = ["--data", "synthetic", "num_keys=16", "num_values=16", "vocab_size=32"]
+    assert main([str(recall_run), "--seq-len", "8", *wider, "--no-progress"], configs=CONFIGS) == 2
+    err = capsys.readouterr().err
+    assert "'integers' (32 ids)" in err and "'integers' (16 ids)" in err
+    assert main([str(text_run), "--seq-len", "8", "--data", "synthetic", "--no-progress"],
+                configs=CONFIGS) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "'integers' (16 ids)" in err and "'byte-utf8' (258 ids)" in err

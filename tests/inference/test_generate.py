@@ -1,10 +1,12 @@
 """Generation with the KV cache: the same tokens as recomputing the whole sequence every step,
 on both CPU attention routes; sampling options; the command line on a trained checkpoint."""
 
+import importlib
 import io
 
 import pytest
 import torch
+from inference_testing import tiny_llama
 
 from flashtrain.inference import Sampling, generate
 from flashtrain.inference.generate import next_tokens
@@ -12,6 +14,7 @@ from flashtrain.inference.generate_cli import main
 from flashtrain.models import build_model
 
 ROUTES = ("triton", "torch")
+GREEDY = Sampling(temperature=0.0)
 
 
 @pytest.fixture(params=ROUTES)
@@ -52,6 +55,62 @@ def test_greedy_with_the_cache_equals_recomputing_everything(route, position):
     want = [_recompute_greedy(model, p, 6) for p in prompts]
     assert got == want
     assert len({tuple(t) for t in got}) > 1  # a test that distinguishes the prompts
+
+
+def test_greedy_with_the_cache_equals_recomputing_everything_on_a_llama(route):
+    """GQA, a sliding window shorter than the prompts and the sequences, attention and final
+    softcaps: the cache must keep the window (no key older than 5 tokens) and the softcap."""
+    model = tiny_llama(seed=3)
+    prompts = [[1, 5, 7, 2, 9, 4, 13], [3, 3, 9], [11]]
+    got = generate(model, prompts, max_new_tokens=8)
+    want = [_recompute_greedy(model, p, 8) for p in prompts]
+    assert got == want
+    assert len({tuple(t) for t in got}) > 1
+
+
+def _generate_seeing_logits(monkeypatch, model, prompts, steps, sampling=GREEDY, seed=None):
+    """generate(...) and the (B, V) logits the sampler was handed at each step."""
+    # the module (flashtrain.inference exports the function under the same name)
+    gen = importlib.import_module("flashtrain.inference.generate")
+    seen, original = [], gen.next_tokens
+
+    def spy(logits, sampling, generator):
+        seen.append(logits.clone())
+        return original(logits, sampling, generator)
+
+    monkeypatch.setattr(gen, "next_tokens", spy)
+    return generate(model, prompts, steps, sampling, seed=seed), seen
+
+
+def _assert_step_logits_are_the_models(model, prompts, new, seen):
+    """Step t's logits for sequence b == model.logits of prompt b + its first t new tokens."""
+    with torch.no_grad():
+        for step, logits in enumerate(seen):
+            for b, prompt in enumerate(prompts):
+                want = model.logits(torch.tensor([prompt + new[b][:step]]))[0, -1]  # (V,)
+                torch.testing.assert_close(logits[b], want.float(), atol=1e-5, rtol=0)
+
+
+def test_cache_equals_recomputing_on_a_trained_checkpoint(route, recall_run, monkeypatch):
+    """On the session's checkpoint of a short `python train.py` (GPT-2, recall data): the same
+    greedy tokens, and the same logits at every step (a model trained for 6 steps barely uses its
+    context, so the tokens alone would not notice a broken cache; its logits do)."""
+    from flashtrain.inference.checkpoint import load_for_inference
+
+    model = load_for_inference(recall_run).model
+    prompts = [[3, 11, 5, 12, 3, 11, 0], [1, 9], [7, 14, 2, 8, 6, 13, 7, 14, 6]]
+    got, seen = _generate_seeing_logits(monkeypatch, model, prompts, 6)
+    assert got == [_recompute_greedy(model, p, 6) for p in prompts]
+    _assert_step_logits_are_the_models(model, prompts, got, seen)
+
+
+def test_sampling_draws_from_the_models_own_logits(monkeypatch):
+    """What the sampler is given at each step is the model's logits for the last position
+    (with the Llama family's final softcap), not the raw head product."""
+    model = tiny_llama(seed=5)
+    prompts = [[2, 7, 1, 8, 2, 8]]
+    new, seen = _generate_seeing_logits(monkeypatch, model, prompts, 3, Sampling(1.0), seed=0)
+    _assert_step_logits_are_the_models(model, prompts, new, seen)
 
 
 def test_stop_token_ends_a_sequence_early():
@@ -114,6 +173,34 @@ def test_generate_command_refuses_bad_prompts(recall_run, capsys):
     assert "token ids separated by spaces" in capsys.readouterr().err
 
 
+def test_streaming_holds_back_an_incomplete_utf8_character():
+    """Byte-level tokens arrive one UTF-8 byte at a time: a 2-, 3- or 4-byte character is printed
+    once, whole, never as U+FFFD; bytes that never make a character are printed at the end."""
+    from flashtrain.data.tokenization import ByteTokenizer
+    from flashtrain.inference.checkpoint import TextTokenizer
+    from flashtrain.inference.generate_cli import Streamer
+
+    tokenizer = TextTokenizer(ByteTokenizer())
+    text = "héllo → 🙂 ok"
+    out = io.StringIO()
+    stream = Streamer(tokenizer, out)
+    printed = []
+    for token in tokenizer.encode(text):
+        stream([token])
+        printed.append(out.getvalue())
+    stream.finish()
+    assert out.getvalue() == text
+    assert all("\ufffd" not in p and text.startswith(p) for p in printed)
+    assert printed[1] == "h" and printed[2] == "hé"  # é is 2 bytes: held back after the first
+    out = io.StringIO()
+    stream = Streamer(tokenizer, out)
+    for token in [*b"ab", 0xE2, 0x82]:  # a 3-byte character cut short
+        stream([token])
+    assert out.getvalue() == "ab"
+    stream.finish()
+    assert out.getvalue() == "ab\ufffd"
+
+
 def test_cache_keeps_a_contexts_window_and_softcap():
     """A layer whose context carries a sliding window and a soft-cap (the Llama family's) decodes
     with them: prefill then one token at a time equals flash_attn_func on the whole sequence."""
@@ -140,15 +227,3 @@ def test_cache_keeps_a_contexts_window_and_softcap():
         pieces.append(cache.attend(0, q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], ctx, None))
         cache.advance()
     torch.testing.assert_close(torch.cat(pieces, dim=1), want, atol=2e-5, rtol=0)
-
-
-def test_decode_benchmark_runs_every_method_and_they_agree(tmp_path):
-    """On a CPU only that it runs and the methods agree; the timings need a GPU."""
-    import json
-
-    from flashtrain.inference.bench_decode import main as bench
-
-    assert bench(["--cache-lens", "40", "--repeats", "1", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
-    assert [r["method"] for r in rows] == ["kvcache", "kvcache-1", "flash", "sdpa"]
-    assert all(r["max_abs_diff_vs_kvcache"] < 1e-5 for r in rows)

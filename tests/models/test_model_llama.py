@@ -5,6 +5,7 @@ causality on the kernels, counts, a shorter-context checkpoint at a longer conte
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -135,6 +136,46 @@ def test_document_masking_equals_each_document_alone(route, monkeypatch):
     assert int(packed.num_targets) == count
     assert abs(float(packed.loss) - total / count) < 1e-5
     assert abs(float(whole.loss) - float(packed.loss)) > 1e-4
+
+
+@pytest.mark.parametrize("scaling", ["none", "linear", "dynamic"])
+def test_rope_length_comes_from_the_host(scaling, monkeypatch):
+    """Only dynamic RoPE needs the sequence's length, and a packed batch gives it on the host:
+    max_seqlen, its longest document (positions restart per document, so it is the largest
+    position + 1); the position tensor is never read (on a GPU a read waits for the device)."""
+    params = {"none": {}, "linear": dict(factor=2.0)}.get(
+        scaling, dict(factor=2.0, original_max_seq_len=4)
+    )
+    model = tiny_llama("flash", torch.float32, rope_scaling=dict(type=scaling, **params))
+    tokens = torch.randint(1, 97, (2, 24), generator=torch.Generator().manual_seed(5))
+    tokens[0, [5, 15]] = 0
+    tokens[1, [9]] = 0
+    batch = lm_batch(tokens.numpy(), eos_id=0)
+    longest = int(batch["position_ids"].max()) + 1
+    assert batch["max_seqlen"] == longest == 13  # row 1: tokens 10..22
+    lengths = []
+    tables = model.rotary_tables
+    monkeypatch.setattr(
+        model, "rotary_tables", lambda pos, n=None: lengths.append(n) or tables(pos, n)
+    )
+    reads = []  # tensor values read into Python by the model's own code
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def watched(t, *a, _original=original, _name=name, **k):
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.endswith(("llama.py", "rotary.py", "positions.py")):
+                reads.append(f"{caller}: {_name}")
+            return _original(t, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, watched)
+    with torch.no_grad():
+        model.hidden_states(
+            batch["input_ids"], batch["cu_seqlens"], batch["max_seqlen"], batch["position_ids"]
+        )
+    monkeypatch.undo()
+    assert lengths == [longest if scaling == "dynamic" else None]
+    assert not reads, reads
 
 
 @pytest.mark.parametrize("route", ["triton", "torch"])

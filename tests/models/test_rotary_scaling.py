@@ -4,11 +4,14 @@ context; and the config's refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 import torch
 from llama_testing import TINY_LLAMA, hf_config
 
-from flashtrain.models import build_model
+from flashtrain.models import build_model, model_config
 from flashtrain.models.rotary import RopeScalingConfig
 from flashtrain.typed_config import ConfigError
 
@@ -68,6 +71,31 @@ def test_tables_equal_transformers(name, seqlen):
         assert moved > 1e-3 or (dynamic and seqlen <= 512)
 
 
+def test_gpt2_rotary_rotates_by_the_unscaled_llama_tables(monkeypatch):
+    """GPT-2's position=rotary and Llama share one RoPE implementation: GPT-2 rotates q and k
+    by exactly the tables of a Llama without scaling at the same base (transformers' default
+    rope, test_tables_equal_transformers), bit for bit."""
+    from flashtrain.models import transformer
+
+    seen = []
+    apply = transformer.apply_rotary
+    monkeypatch.setattr(
+        transformer, "apply_rotary", lambda x, cos, sin: seen.append(cos) or apply(x, cos, sin)
+    )
+    gpt2 = build_model(
+        dict(arch="gpt2", n_layer=1, n_head=4, d_model=64, vocab_size=97, max_seq_len=64,
+             position="rotary", rotary_base=500.0),
+        "sdpa",
+    )  # fmt: skip
+    llama = build_model({**TINY_LLAMA, "rope_theta": 500.0}, "sdpa")
+    assert gpt2.config.head_dim == llama.config.head_dim == 16
+    positions = torch.arange(3000)[None]  # far positions: where two formulas part
+    with torch.no_grad():
+        gpt2.hidden_states(torch.zeros(1, 3000, dtype=torch.long))
+    cos, _ = llama.rotary_tables(positions)  # (1, T, D/2)
+    assert len(seen) == 2 and torch.equal(seen[0][..., 0, :], cos)  # q and k
+
+
 def test_dynamic_grows_the_base_only_past_the_original_context():
     model = build_model({**TINY_LLAMA, "rope_scaling": SCALINGS["dynamic"]}, "sdpa")
     plain = build_model(TINY_LLAMA, "sdpa")
@@ -96,6 +124,21 @@ def test_bad_rope_scaling_is_refused(scaling, message):
         build_model({**TINY_LLAMA, "rope_scaling": scaling}, "sdpa")
 
 
-def test_config_instance_roundtrip():
-    s = RopeScalingConfig(type="linear", factor=2.0)
-    assert not s.depends_on_length and s.original_max_seq_len is None
+@pytest.mark.parametrize("name", ["yarn-mscale", "dynamic"])
+def test_scaling_survives_the_checkpoint_round_trip(name):
+    """A checkpoint's meta.json holds the model config as JSON (dataclasses.asdict); the model
+    rebuilt from it (trainer resume, export, init_from a checkpoint folder) has the same
+    scaling, as a RopeScalingConfig, and rotates by the same tables. A RopeScalingConfig
+    instance inside a mapping is taken as it is."""
+    cfg = model_config({**TINY_LLAMA, "rope_scaling": SCALINGS[name]})
+    stored = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    assert stored["rope_scaling"] == {**dict.fromkeys(stored["rope_scaling"]), **SCALINGS[name]}
+    back = model_config(stored)
+    assert back == cfg and isinstance(back.rope_scaling, RopeScalingConfig)
+    assert back.rope_scaling.depends_on_length == (name == "dynamic")
+    again = model_config({**TINY_LLAMA, "rope_scaling": RopeScalingConfig(**SCALINGS[name])})
+    assert again == cfg
+    positions = torch.arange(2000)
+    a = build_model(cfg, "sdpa").rotary_tables(positions, 2000)
+    b = build_model(back, "sdpa").rotary_tables(positions, 2000)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

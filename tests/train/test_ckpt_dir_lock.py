@@ -162,6 +162,52 @@ def test_an_unusable_ckpt_dir_is_refused_before_the_first_step(
     assert blocker.read_text() == "not a folder"
 
 
+class _ReadOnly:
+    """A lock file on a read-only file system: it opens, but takes no writes."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def write(self, text):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+
+@pytest.mark.parametrize("how", ["EACCES", "EROFS"])
+def test_an_unwritable_ckpt_dir_is_refused_before_the_first_step(
+    how, tmp_path, monkeypatch, caplog
+):
+    """The tests run as root, which may write anywhere: the lock file's open (EACCES: no write
+    permission on the folder) or its first write (EROFS: a read-only mount) fails instead."""
+    import builtins
+
+    import flashtrain.train.run_lock as run_lock
+
+    monkeypatch.chdir(tmp_path)
+    ckpt_dir = tmp_path / "ckpts"
+
+    def unwritable(path, *args, **kwargs):
+        if Path(path).parent != ckpt_dir:
+            return builtins.open(path, *args, **kwargs)
+        if how == "EACCES":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return _ReadOnly(builtins.open(path, *args, **kwargs))
+
+    monkeypatch.setattr(run_lock, "open", unwritable, raising=False)
+    cfg = compose(TINY + ["trainer.max_steps=2", f"trainer.ckpt_dir={ckpt_dir}",
+                          "trainer.metrics_file=metrics.jsonl"])  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main(cfg)
+    assert exit_info.value.code == EXIT_USER_ERROR
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    reason = "Permission denied" if how == "EACCES" else "Read-only file system"
+    assert len(errors) == 1 and f"trainer.ckpt_dir {ckpt_dir} cannot be" in errors[0], errors
+    assert f"written ({reason})" in errors[0], errors
+    assert not list(tmp_path.rglob("metrics.jsonl"))  # no step was taken
+
+
 def test_the_lock_names_its_holder_and_goes_with_it(tmp_path):
     root = tmp_path / "ckpts"
     with RunLock(root, "first"):

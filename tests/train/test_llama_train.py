@@ -5,11 +5,13 @@ is wrong."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import torch
 from config_testing import compose, group_options
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_testing import read_metrics, run_train
 
 from flashtrain.models import build_model
@@ -77,13 +79,49 @@ def test_two_ranks_splitting_each_sequence_match_one_process(tmp_path, single):
     _matches(run_dir, single)
 
 
-def test_fsdp2_on_two_ranks_matches_one_process(tmp_path, single):
-    """Per-block FSDP2 sharding of the Llama blocks, the tied head in the root's shard."""
-    res = run_train(TINY_LLAMA + STEPS + ["trainer.strategy=fsdp"], cwd=tmp_path, nproc=2)
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    """Two torchrun ranks training TINY_LLAMA + STEPS under FSDP2: (the process, its run folder)."""
+    cwd = tmp_path_factory.mktemp("fsdp")
+    res = run_train(TINY_LLAMA + STEPS + ["trainer.strategy=fsdp"], cwd=cwd, nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
+    (run_dir,) = (cwd / "outputs").glob("*/*")
+    return res, run_dir
+
+
+def test_fsdp2_on_two_ranks_matches_one_process(fsdp_run, single):
+    """Per-block FSDP2 sharding of the Llama blocks, the tied head in the root's shard."""
+    res, run_dir = fsdp_run
     assert "strategy: fsdp" in res.stdout
-    (run_dir,) = (tmp_path / "outputs").glob("*/*")
     _matches(run_dir, single)
+
+
+def test_init_from_an_fsdp2_checkpoint_at_a_longer_context(fsdp_run, tmp_path, monkeypatch):
+    """The documented context extension from an FSDP2 run (sharded DCP checkpoint, no
+    model_optim.pt): model.init_from=<its checkpoints folder> at twice the context with a
+    longer dynamic RoPE gives the weights the two ranks saved (read back by torch's own
+    dcp_to_torch_save), and a run starts from them."""
+    _, run_dir = fsdp_run
+    (step_dir,) = (run_dir / "checkpoints").glob("step_*")
+    assert json.loads((step_dir / "meta.json").read_text())["format"] == "dcp"
+    assert not (step_dir / "model_optim.pt").exists()
+    dcp_to_torch_save(step_dir, tmp_path / "saved.pt")
+    saved = torch.load(tmp_path / "saved.pt", weights_only=True)["model"]
+    longer = [
+        *(a for a in TINY_LLAMA if not a.startswith(("seq_len", "model.rope_scaling.factor"))),
+        "seq_len=128",
+        "model.rope_scaling.factor=4",
+        f"model.init_from={run_dir / 'checkpoints'}",
+    ]
+    cfg = validate_config(compose(longer))
+    model = build_model(cfg.model, cfg.attention)  # as the trainer builds it
+    got = model.state_dict()
+    assert got.keys() == saved.keys()
+    for name, value in saved.items():
+        assert torch.equal(got[name], value), name
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    out = _in_process(longer + ["trainer.max_steps=1", "trainer.eval_interval=0"], tmp_path / "r")
+    assert out["step"] == 1
 
 
 def test_init_from_a_shorter_context_checkpoint(tmp_path, monkeypatch):
@@ -95,7 +133,7 @@ def test_init_from_a_shorter_context_checkpoint(tmp_path, monkeypatch):
         base + ["seq_len=32", "trainer.max_steps=30", "trainer.eval_interval=0"],
         tmp_path / "short",
     )
-    ckpt = sorted((tmp_path / "short" / "checkpoints").glob("step_*"))[-1] / "model_optim.pt"
+    ckpt = tmp_path / "short" / "checkpoints"  # its newest checkpoint
     longer = base + ["seq_len=64", "trainer.max_steps=1", "trainer.eval_interval=0"]
     scaling = ["model.rope_scaling.type=linear", "model.rope_scaling.factor=2"]
     extended = _in_process(longer + scaling + [f"model.init_from={ckpt}"], tmp_path / "ext")
@@ -114,23 +152,55 @@ def test_compiled_llama_blocks_train_like_eager(tmp_path, monkeypatch):
 
 
 def test_every_llama_preset_dry_runs(tmp_path, caplog):
-    """Each preset composes, validates and prints its model, parameter count and FLOPs per token
-    without data; context-parallel presets at context_parallel=1 (one process here; under
-    torchrun the world must be a multiple of it)."""
+    """Each preset, unmodified, composes, validates and prints its model, parameter count, FLOPs
+    per token, batch plan and per-GPU memory without data. One process here: a preset whose
+    context parallelism needs more is planned for the smallest world it runs on, saying so."""
     assert {"llama/125m-16k", "llama/1b-32k", "llama/1b-128k", "llama/8b-128k"} <= set(PRESETS)
     caplog.set_level("INFO", logger="flashtrain")
     for preset in PRESETS:
         cfg = compose([f"experiment={preset}", "trainer.max_steps=0", "logger=none"])
         assert cfg.seq_len >= 16384 and cfg.model.arch == "llama", preset
-        assert cfg.seq_len % (2 * cfg.trainer.context_parallel) == 0, preset  # zigzag splits
-        cfg.trainer.context_parallel = 1
+        cp = cfg.trainer.context_parallel
+        assert cfg.seq_len % (2 * cp) == 0, preset  # zigzag splits
         caplog.clear()
         out = run(cfg, tmp_path / preset.replace("/", "-"))
         with torch.device("meta"):
             model = build_model(cfg.model, cfg.attention)
         assert out["step"] == 0 and out["params"] == model.num_parameters(), preset
-        assert f"\nparams: {out['params']}\n" in caplog.text, preset
-        assert "flops/token: " in caplog.text and "(blocks): " in caplog.text, preset
+        assert out["world_size"] == cp, preset  # 1 for the presets without context parallelism
+        text = caplog.text
+        assert f"\nparams: {out['params']}\n" in text, preset
+        assert "flops/token: " in text and "(blocks): " in text, preset
+        planned = f"dry run: planned for a world of {cp} processes, not this run's 1"
+        assert (planned in text) == (cp > 1), preset
+        if cp > 1:
+            assert f"each sequence split over {cp} ranks" in text, preset
+            assert f"micro 1 x 1 data-parallel groups of {cp} ranks" in text, preset
+        memory = out["memory_per_gpu"]
+        assert f"memory per GPU (estimate: {cp} GPUs, " in text, preset
+        shards = cp if cfg.trainer.strategy == "fsdp" else 1
+        assert memory["states"] == 16 * out["params"] / shards, preset
+        assert 0 < memory["activations"] and memory["states"] + memory["activations"] < 80e9
+
+
+def test_the_8b_128k_estimate_by_hand(tmp_path):
+    """llama/8b-128k on its 8 GPUs: FSDP2 over 8, bf16 weights in the blocks (FSDP2's
+    param_dtype), 16,384 tokens per GPU, every block recomputed. Per token a block keeps
+    2 B x (3 x 4096 + 2 x 1024) in attention, 2 B x (4096 + 4 x 14336) in the SwiGLU MLP and
+    2 x 2 B x 4096 of norm inputs = 167,936 B; recomputed, each of the 32 keeps its 2 x 4096 B
+    input, plus one block's working set."""
+    cfg = compose(["experiment=llama/8b-128k", "trainer.max_steps=0", "logger=none"])
+    memory = run(cfg, tmp_path / "run")["memory_per_gpu"]
+    assert memory["states"] == 16 * 7_391_678_464 / 8
+    assert memory["activations"] == 16_384 * (32 * 2 * 4096 + 167_936)
+    assert memory["activations_other"] == 16_384 * 32 * 167_936  # recompute=none
+
+
+def test_a_real_run_still_needs_the_world(tmp_path):
+    """Only a dry run plans for another world: a real run is refused (exit 2 in train.py)."""
+    cfg = compose(["experiment=llama/8b-128k", "trainer.max_steps=1", "logger=none"])
+    with pytest.raises(ConfigError, match="context_parallel=8 does not divide the world size 1"):
+        run(cfg, tmp_path / "run")
 
 
 @pytest.mark.parametrize(

@@ -133,6 +133,26 @@ def test_resolve_resume(tmp_path):
         ckpt.resolve_resume(str(empty), tmp_path)
 
 
+def test_resolve_checkpoint_takes_a_step_a_checkpoints_folder_or_a_run(tmp_path):
+    """What export / generate / evaluate take as CKPT."""
+    run = tmp_path / "run"
+    model, opt = trained()
+    save(run / "checkpoints", 5, model, opt)
+    save(run / "checkpoints", 10, model, opt)
+    newest = run / "checkpoints" / "step_000010"
+    assert ckpt.resolve_checkpoint(run) == newest
+    assert ckpt.resolve_checkpoint(run / "checkpoints") == newest
+    assert ckpt.resolve_checkpoint(str(run / "checkpoints" / "step_000005")) == newest.with_name(
+        "step_000005"
+    )
+    with pytest.raises(ckpt.CheckpointError, match=r"checkpoint .*missing does not exist; name"):
+        ckpt.resolve_checkpoint(tmp_path / "missing")
+    with pytest.raises(ckpt.CheckpointError, match="is not a directory"):
+        ckpt.resolve_checkpoint(newest / ckpt.MODEL_OPTIM)
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint in"):
+        ckpt.resolve_checkpoint(tmp_path)  # a folder holding none
+
+
 def test_corrupt_checkpoint_is_reported_and_left_alone(tmp_path):
     model, opt = trained()
     path = save(tmp_path, 3, model, opt)

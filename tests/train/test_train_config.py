@@ -97,8 +97,21 @@ GROUP_OPTIONS = [
     for group in ("model", "attention", "data", "trainer", "optim", "logger")
     for option in group_options(group)
 ]
-# What an option needs from the rest of the config (a classifier needs classification data).
-NEEDS = {("model", "pathx-classifier"): ["data=pathfinder32", "seq_len=1024"]}
+# What an option needs from the rest of the config (the default is GPT-2 on LM data: a model of
+# another task needs its data, data of another task its model).
+CLASSIFIER = ["model=pathx-classifier", "seq_len=1024"]
+NEEDS = {
+    ("model", "pathx-classifier"): ["data=pathfinder32", "seq_len=1024"],
+    ("model", "bert-base"): ["data=bert_mlm"],
+    ("model", "bert-large"): ["data=bert_mlm"],
+    ("data", "bert_mlm"): ["model=bert-base"],
+    ("data", "pysrc_mlm"): ["model=bert-base"],
+    ("data", "pathfinder32"): CLASSIFIER,
+    ("data", "pathfinder64"): CLASSIFIER,
+    ("data", "pathx"): CLASSIFIER,
+    ("data", "path256"): CLASSIFIER,
+    ("data", "long_doc"): ["model=bert-base", "model.head=classification"],
+}
 
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS)

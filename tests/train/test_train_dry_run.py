@@ -80,3 +80,38 @@ def test_config_only_refusals_happen_in_a_dry_run(case, no_data_here):
     with pytest.raises(ConfigError, match=message):
         run(cfg, no_data_here / "run")
     assert sorted(p.name for p in no_data_here.iterdir()) == []
+
+
+# The model must train on the data's task (each model config's `task` against the loader class's):
+# refused from the config, naming both and what would fit, before any image or cache is made.
+TASK_MISMATCHES = {
+    "classification data, GPT-2": (
+        ["model=gpt2-tiny", "data=pathfinder32"],
+        "data 'pathfinder32' (PathfinderClassification) gives classification batches, but "
+        "model.arch=gpt2 trains on lm batches; for classification data use model.arch=bert "
+        "with model.head=classification or model.arch=classifier",
+    ),
+    "mlm data, GPT-2": (
+        ["model=gpt2-tiny", "data=pysrc_mlm"],
+        "data 'pysrc_mlm' (MaskedLM) gives mlm batches, but model.arch=gpt2 trains on lm "
+        "batches; for mlm data use model.arch=bert with model.head=mlm",
+    ),
+    "lm data, BERT": (
+        ["model=bert-base", "data=pysrc"],
+        "data 'pysrc' (TokenCacheLM) gives lm batches, but model.arch=bert with model.head=mlm "
+        "trains on mlm batches; for lm data use model.arch=gpt2 or model.arch=llama",
+    ),
+}
+
+
+@pytest.mark.parametrize("steps", [0, 1], ids=["dry run", "real run"])
+@pytest.mark.parametrize("case", TASK_MISMATCHES)
+def test_a_model_of_another_task_than_the_data_is_refused_before_any_data(
+    case, steps, no_data_here
+):
+    overrides, message = TASK_MISMATCHES[case]
+    cfg = compose(["logger=none", "seq_len=1024", f"trainer.max_steps={steps}", *overrides])
+    with pytest.raises(ConfigError) as refused:
+        run(cfg, no_data_here / "run")
+    assert str(refused.value) == message
+    assert sorted(p.name for p in no_data_here.iterdir()) == []  # no images, no cache, no run dir

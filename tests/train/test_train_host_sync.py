@@ -28,12 +28,18 @@ PACKAGE = str(Path(flashtrain.__file__).resolve().parent)
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
 THE_COPY = "trainer.py:host_values: return values.tolist()"
 # Reads that are not device syncs, made on CPU tensors only: the PyTorch CPU attention route
-# takes the dropout seed as an int (the CUDA route hands the kernels the device tensor), the
-# loss checks the labels' range (on a GPU only with FLASHTRAIN_CHECK_INPUTS=1), and the CPU
+# takes the dropout seed as an int (the CUDA route hands the kernels the device tensor) and
+# walks packed sequences by their cu_seqlens bounds (the CUDA route's kernels read them), the
+# loss checks the labels' range and the varlen op the cu_seqlens prefix sums (on a GPU both
+# only with FLASHTRAIN_CHECK_INPUTS=1: attention/validation.py values_checked), and the CPU
 # fast path checks K/V are finite before taking ATen's causal kernel (it returns at once for a
 # tensor not on the CPU).
-CPU_ROUTE_ONLY = ("int(seed)",)
-CPU_VALUE_CHECKS = ("loss.py:_check_head_inputs", "cpu_flash.py:eligible")
+CPU_ROUTE_ONLY = ("int(seed)", "torch_varlen.py:_sequences")
+CPU_VALUE_CHECKS = (
+    "loss.py:_check_head_inputs",
+    "cpu_flash.py:eligible",
+    "validation.py:check_cu_seqlens",
+)
 
 
 def _tiny(tmp_path, *extra):
@@ -61,7 +67,36 @@ class _HostReadWatch:
         return watched
 
 
-def test_a_step_reads_device_values_once(tmp_path, monkeypatch):
+# A tiny Llama on packed documents (pysrc bytes, <eos> after each file, varlen attention with
+# positions restarting per document: the batch carries position_ids and the host's max_seqlen).
+LLAMA_DOCUMENTS = [
+    "model=llama-tiny",
+    "model.n_layer=1",
+    "model.d_model=64",
+    "model.d_ff=96",
+    "data=pysrc",
+    "data.pysrc_under=json",  # a few files: the whole library takes ~11 s to read
+    "data.val_fraction=0.3",
+    "data.document_masking=true",
+]
+DYNAMIC_ROPE = [
+    "model.rope_scaling.type=dynamic",
+    "model.rope_scaling.factor=2",
+    "model.rope_scaling.original_max_seq_len=16",  # active: documents run longer than 16
+]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param((), id="gpt2"),
+        pytest.param(LLAMA_DOCUMENTS, id="llama-documents"),
+        pytest.param(LLAMA_DOCUMENTS + DYNAMIC_ROPE, id="llama-documents-dynamic-rope"),
+    ],
+)
+def test_a_step_reads_device_values_once(tmp_path, monkeypatch, extra):
+    if extra:
+        extra = [*extra, f"data.cache_dir={tmp_path / 'cache'}"]
     watch = _HostReadWatch()
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, watch.wrap(name, getattr(torch.Tensor, name)))
@@ -80,7 +115,7 @@ def test_a_step_reads_device_values_once(tmp_path, monkeypatch):
             watch.active = False
 
     monkeypatch.setattr(trainer_module.Trainer, "_train_step", watched_step)
-    out = run(_tiny(tmp_path, "trainer.max_steps=3"), tmp_path / "run")
+    out = run(_tiny(tmp_path, "trainer.max_steps=3", *extra), tmp_path / "run")
     assert out["step"] == 3
     assert len(copies) == 3  # one per step
     reads = [

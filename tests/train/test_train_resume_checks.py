@@ -60,6 +60,13 @@ def test_other_head_count_over_the_same_shapes_is_refused_naming_the_field(copy,
         resume(tmp_path, copy, "model.n_head=4")
 
 
+@pytest.mark.parametrize("field", ["dropout", "attn_dropout"])
+def test_a_dropout_change_is_refused(copy, tmp_path, field):
+    # dropout changes the function trained (docs/training.md, resume rules)
+    with pytest.raises(CheckpointError, match=rf"model\.{field}=0\.1 \(checkpoint: 0\.0\)"):
+        resume(tmp_path, copy, f"model.{field}=0.1")
+
+
 def test_how_the_model_is_computed_may_change(written, copy, tmp_path):
     _, losses = written
     out = resume(tmp_path, copy, "model.recompute=all")  # memory for time, the same function
@@ -79,6 +86,23 @@ def test_an_edited_step_is_found(copy, tmp_path):
         resume(tmp_path, copy)
     renamed = copy.with_name("step_000005")
     copy.rename(renamed)  # name and meta agree now, the trainer state does not
+    with pytest.raises(CheckpointError, match="says step 5, its trainer.pt step 2"):
+        resume(tmp_path, renamed)
+
+
+def test_the_step_is_checked_before_the_model_is_loaded(copy, tmp_path, monkeypatch):
+    """docs/training.md: a resume refuses a step its files disagree on before anything is
+    loaded (trainer.pt's step was compared only after the weights were in the model)."""
+    import flashtrain.train.checkpoint as checkpoint
+
+    edit_meta(copy, step=5)
+    renamed = copy.with_name("step_000005")
+    copy.rename(renamed)
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the step check")
+
+    monkeypatch.setattr(checkpoint, "set_model_state_dict", must_not_load)
     with pytest.raises(CheckpointError, match="says step 5, its trainer.pt step 2"):
         resume(tmp_path, renamed)
 

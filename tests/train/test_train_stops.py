@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from config_testing import REPO, compose
@@ -45,6 +46,61 @@ def test_a_full_disk_while_saving_is_one_line_and_exit_4(tmp_path, monkeypatch, 
     assert f"no space left on the device writing checkpoint {ckpt_dir / 'step_000002'}" in errors[0]
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step_000001"]
     verify_checkpoint(ckpt_dir / "step_000001")  # the earlier checkpoint intact
+
+
+def test_a_full_disk_while_writing_latest_keeps_the_complete_checkpoint(
+    tmp_path, monkeypatch, caplog
+):
+    """ENOSPC after the checkpoint's rename, while `latest` is written: exit 4, one line that
+    says the checkpoint is complete (not "the partial checkpoint was removed"), no latest.tmp."""
+    import builtins
+
+    import flashtrain.train.checkpoint as checkpoint
+
+    monkeypatch.chdir(tmp_path)
+
+    class FullDisk:  # a file whose write fails as on a full disk
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, text):
+            self.handle.write(text[: len(text) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+    def fill_at_the_second_latest(path, *args, **kwargs):
+        handle = builtins.open(path, *args, **kwargs)
+        if Path(path).name == "latest.tmp" and (Path(path).parent / "step_000002").exists():
+            return FullDisk(handle)
+        return handle
+
+    monkeypatch.setattr(checkpoint, "open", fill_at_the_second_latest, raising=False)
+    ckpt_dir = tmp_path / "ckpts"
+    cfg = compose(
+        TINY + ["trainer.max_steps=2", "trainer.ckpt_interval=1", f"trainer.ckpt_dir={ckpt_dir}"]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(cfg)
+    assert exit_info.value.code == EXIT_NO_SPACE
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "\n" not in errors[0], errors
+    assert (
+        f"writing {ckpt_dir / 'latest'}: checkpoint {ckpt_dir / 'step_000002'} is complete"
+        in errors[0]
+    )
+    assert "partial checkpoint was removed" not in errors[0]
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step_000001", "step_000002"]
+    assert (ckpt_dir / "latest").read_text().strip() == "step_000001"
+    verify_checkpoint(ckpt_dir / "step_000002")
+    assert [c.step for c in find_checkpoints(ckpt_dir)][-1] == 2  # what resume=auto takes
 
 
 def test_ctrl_c_exits_130(tmp_path, monkeypatch, caplog):

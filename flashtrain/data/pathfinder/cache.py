@@ -36,6 +36,7 @@ import numpy as np
 from flashtrain.data.files import atomic_path, exclusive_lock, remove_stale_temporaries
 from flashtrain.data.pathfinder.generator import (
     GENERATOR_VERSION,
+    check_workers_may_start,
     chunk_tasks,
     run_chunks,
     settings_for,
@@ -160,6 +161,7 @@ def generate_cache(
     directory's lock."""
     from tqdm.auto import tqdm
 
+    check_workers_may_start(num_workers)  # before the work directory is touched
     chunk_size = chunk_size or CHUNK_SIZE
     work = work_dir(directory)
     for name in (PROGRESS, META):

@@ -86,10 +86,16 @@ class PathfinderClassification(SampledDataModule):
         return (cache_root(cfg), *settings)
 
     @staticmethod
-    def workers(cfg: PathfinderConfig) -> int:
-        """Generator processes: data.num_workers, where null means all cores (train.py and
-        scripts/prepare_data.py, the callers, guard their top level)."""
-        return all_cores() if cfg.num_workers is None else cfg.num_workers
+    def workers(cfg: PathfinderConfig) -> int | None:
+        """Generator processes: data.num_workers; null or 1 generates in this process, so that
+        a call works from any script (worker processes need its top level guarded)."""
+        return cfg.num_workers
+
+    @classmethod
+    def command_line_settings(cls, cfg: PathfinderConfig) -> dict:
+        """train.py and scripts/prepare_data.py guard their top level: there null means all
+        cores (200K Path-X images take hours in one process)."""
+        return {"num_workers": all_cores()} if cfg.num_workers is None else {}
 
     @classmethod
     def prepare(cls, cfg: PathfinderConfig, *, progress: bool = True) -> dict:

@@ -14,7 +14,8 @@ which chunks of images are made in which run (cache.py resumes an interrupted
 generation from its finished chunks). Images are made in the calling process unless worker
 processes are asked for (num_workers > 1, as datasets.map's num_proc or a DataLoader's
 num_workers: the calling script then needs `if __name__ == "__main__":`, since each worker
-imports it); inside one image every growth step is vectorised over all candidate turns and all
+imports it, and a call from its unguarded top level is refused before any worker starts:
+flashtrain.data.main_guard); inside one image every growth step is vectorised over all candidate turns and all
 paddles already placed.
 """
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from flashtrain.data.main_guard import unguarded_call_site
 from flashtrain.data.pathfinder.geometry import (
     OccupancyRaster,
     draw_discs,
@@ -384,6 +386,23 @@ NEEDS_MAIN_GUARD = (
     'if the call sits at a script\'s top level, put it under `if __name__ == "__main__":`, or '
     "generate in this process (num_workers=None or 1)"
 )
+UNGUARDED_CALL = (
+    "num_workers={workers} starts worker processes, and each imports the calling script {script}, "
+    "whose line {line} makes this call at its top level: every worker would run it again (and "
+    'wait forever for this one). Put that call under `if __name__ == "__main__":`, or generate '
+    "in this process (num_workers=None or 1, the default)"
+)
+
+
+def check_workers_may_start(num_workers: int | None) -> int:
+    """check_workers, and num_workers > 1 refused (RuntimeError, UNGUARDED_CALL) when the call
+    comes from a script's unguarded top level: before any process, semaphore or file exists,
+    whatever the amount of work."""
+    workers = check_workers(num_workers)
+    site = unguarded_call_site() if workers > 1 else None
+    if site is not None:
+        raise RuntimeError(UNGUARDED_CALL.format(workers=workers, script=site[0], line=site[1]))
+    return workers
 
 
 def run_chunks(tasks: list[tuple], num_workers: int | None, store) -> None:
@@ -396,7 +415,7 @@ def run_chunks(tasks: list[tuple], num_workers: int | None, store) -> None:
     workers are told to stop, abandon their chunk before its next image, and are joined, so the
     call returns within about one image's time and no semaphore leaks.
     """
-    workers = min(check_workers(num_workers), len(tasks))
+    workers = min(check_workers_may_start(num_workers), len(tasks))
     if workers <= 1:
         for task in tasks:
             store(_generate_range(task))

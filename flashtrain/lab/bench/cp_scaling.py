@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-GIB = 2**30
+from flashtrain.train import memory_estimate
+from flashtrain.train.memory_estimate import GIB, STATE_BYTES_PER_PARAM
 
 
 @dataclass(frozen=True)
@@ -41,18 +42,20 @@ CLUSTERS = (
 
 
 def activation_bytes_per_token(model: Model, recompute: bool) -> float:
-    """Per token, summed over layers, bf16. Without recomputation a block keeps ~34 d bytes per
-    token (Korthikanti et al. 2022, with FlashAttention's S x S term gone); with full
-    recomputation only each block's input (2 d bytes) plus one block's working set."""
+    """Per token, summed over layers, bf16 (flashtrain/train/memory_estimate.py, the trainer's
+    dry-run estimate): without recomputation a GPT-2 block keeps 34 d bytes per token
+    (Korthikanti et al. 2022, with FlashAttention's S x S term gone); with full recomputation
+    only each block's input (2 d bytes) plus one block's working set."""
     d, layers = model.d_model, model.n_layer
-    return 2 * d * layers + 34 * d if recompute else 34 * d * layers
+    block = memory_estimate.block_activation_bytes(d, 4 * d, dropout_masks=True)  # 34 d
+    return memory_estimate.activation_bytes_per_token(layers, d, block, layers if recompute else 0)
 
 
 def max_context(model: Model, cluster: Cluster, memory_gib: float, recompute: bool) -> int:
     """The longest sequence (batch 1) whose activations fit after FSDP-sharded weights and
     optimizer state (16 bytes per parameter: bf16 weights and gradients, fp32 master and Adam
     moments), with the LM head's loss fused (no logits in memory)."""
-    free = memory_gib * GIB - 16 * model.params / cluster.gpus
+    free = memory_gib * GIB - STATE_BYTES_PER_PARAM * model.params / cluster.gpus
     per_token = activation_bytes_per_token(model, recompute) + 8  # + the loss's saved lse
     return int(free / per_token) * cluster.gpus
 

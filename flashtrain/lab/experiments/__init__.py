@@ -6,22 +6,22 @@ driver.execute(plan, out_dir, ...)                    print, run what is unfinis
 
 from __future__ import annotations
 
+from flashtrain.lab.experiments.matrices import MATRICES
 from flashtrain.lab.experiments.spec import (
     EXPERIMENT_NAMES,
     SCALES,
     Run,
     ScalePlan,
-    plan_from_table,
+    plan_from_matrix,
 )
-from flashtrain.lab.experiments.tables import TABLES
 
 
 def plan(experiment: str, scale: str, data: str | None = None) -> ScalePlan:
-    if experiment not in TABLES:
-        raise ValueError(f"unknown experiment '{experiment}'; choose one of {', '.join(TABLES)}")
+    if experiment not in MATRICES:
+        raise ValueError(f"unknown experiment '{experiment}'; choose one of {', '.join(MATRICES)}")
     if scale not in SCALES:
         raise ValueError(f"unknown scale '{scale}'; choose one of {', '.join(SCALES)}")
-    return plan_from_table(experiment, scale, TABLES[experiment][scale], data)
+    return plan_from_matrix(experiment, scale, MATRICES[experiment][scale], data)
 
 
 __all__ = ["EXPERIMENT_NAMES", "SCALES", "Run", "ScalePlan", "plan"]

@@ -1,7 +1,7 @@
 """What an experiment is: at each scale, a list of runs, what they need and what they cost.
 
 A run is an ordinary `train.py` run given by Hydra overrides (kind "train"), or a benchmark
-script with its arguments (kind "bench"). The tables in flashtrain/experiments/tables.py hold
+script with its arguments (kind "bench"). The matrices in flashtrain/lab/experiments/matrices.py hold
 every experiment's runs as data; the driver (driver.py) turns them into commands.
 """
 
@@ -35,7 +35,7 @@ class ScalePlan:
 
 
 @dataclass(frozen=True)
-class ScaleTable:
+class ScaleMatrix:
     """An experiment's settings at one scale: overrides common to every run, the run points
     (name suffix -> their own overrides) and, where the data is a choice, its options."""
 
@@ -49,26 +49,28 @@ class ScaleTable:
     bench: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (name suffix, bench_attention args)
 
 
-def plan_from_table(experiment: str, scale: str, table: ScaleTable, data: str | None) -> ScalePlan:
-    """The runs of `table`: for each point, common + data + point overrides, named
+def plan_from_matrix(
+    experiment: str, scale: str, matrix: ScaleMatrix, data: str | None
+) -> ScalePlan:
+    """The runs of `matrix`: for each point, common + data + point overrides, named
     <experiment>-<scale>[-<data>]-<point>; benchmark runs first."""
-    if table.data:
-        data = data or table.default_data
-        if data not in table.data:
+    if matrix.data:
+        data = data or matrix.default_data
+        if data not in matrix.data:
             raise ValueError(
                 f"{experiment} at scale {scale} has no data '{data}'; choose one of "
-                f"{', '.join(table.data)}"
+                f"{', '.join(matrix.data)}"
             )
     elif data is not None:
         raise ValueError(f"{experiment} at scale {scale} takes no --data (its data is fixed)")
     prefix = f"{experiment}-{scale}" + (f"-{data}" if data else "")
     runs = [
         Run(f"{prefix}-{suffix}", args, kind="bench", script="scripts/bench_attention.py")
-        for suffix, args in table.bench
+        for suffix, args in matrix.bench
     ]
-    data_args = table.data.get(data, ()) if data else ()
+    data_args = matrix.data.get(data, ()) if data else ()
     runs += [
-        Run(f"{prefix}-{suffix}", (*table.common, *data_args, *args), nproc=table.nproc)
-        for suffix, args in table.points
+        Run(f"{prefix}-{suffix}", (*matrix.common, *data_args, *args), nproc=matrix.nproc)
+        for suffix, args in matrix.points
     ]
-    return ScalePlan(experiment, scale, data, tuple(runs), table.cost, table.needs)
+    return ScalePlan(experiment, scale, data, tuple(runs), matrix.cost, matrix.needs)

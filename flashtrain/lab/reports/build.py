@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from flashtrain.data.files import atomic_path
+from flashtrain.lab.experiments.matrices import SUMMARIES
 from flashtrain.lab.experiments.spec import EXPERIMENT_NAMES
-from flashtrain.lab.experiments.tables import SUMMARIES
 from flashtrain.lab.reports import bert, context_length, pathfinder, speed_memory
 from flashtrain.lab.reports.markdown import runs_table
 from flashtrain.lab.reports.paper import PAPER

@@ -1,5 +1,5 @@
 """The experiment driver (flashtrain.lab.reproduce, scripts/reproduce.py): the experiment
-tables, the commands, and a smoke run of the driver (real train.py subprocesses, a few steps of
+matrices, the commands, and a smoke run of the driver (real train.py subprocesses, a few steps of
 a tiny model on the synthetic task)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from flashtrain.lab.experiments import EXPERIMENT_NAMES, SCALES, plan
+from flashtrain.lab.experiments.matrices import MATRICES
 from flashtrain.lab.experiments.overrides import (
     merge_overrides,
     override_key,
@@ -18,14 +19,13 @@ from flashtrain.lab.experiments.overrides import (
     setting,
 )
 from flashtrain.lab.experiments.spec import Run
-from flashtrain.lab.experiments.tables import TABLES
 from flashtrain.lab.reproduce import command, hydra_value, shown, train_state
 
 
 def all_plans():
     for experiment in EXPERIMENT_NAMES:
         for scale in SCALES:
-            for data in TABLES[experiment][scale].data or [None]:
+            for data in MATRICES[experiment][scale].data or [None]:
                 yield plan(experiment, scale, data)
 
 
@@ -55,9 +55,9 @@ def test_context_length_sees_equal_tokens_per_step_at_every_context():
 
 
 def test_each_experiment_is_defined_once_in_its_presets():
-    """Every train run names an experiment preset, and no override of a table repeats a value its
-    preset already sets (the run's settings live in configs/experiment/, the table holds what
-    varies between runs)."""
+    """Every train run names an experiment preset, and no override of a matrix repeats a value
+    its preset already sets (the run's settings live in configs/experiment/, the matrix holds
+    what varies between runs)."""
     for p in all_plans():
         for run in p.runs:
             if run.kind != "train":

@@ -1,5 +1,5 @@
-"""An evaluation's files: eval.json (everything), eval.md (tables) and loss_by_position.png,
-each naming the checkpoint's run, step and commit; written atomically."""
+"""What scripts/evaluate.py writes: eval.json (everything), eval.md (tables) and
+loss_by_position.png, each naming the checkpoint's run, step and commit; written atomically."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ def _fmt(value, digits: int = 4) -> str:
 def payload(facts: dict, data: dict, results: list, bits_per_byte: bool) -> dict:
     lengths = []
     for r in results:
-        entry = dict(seq_len=r.seq_len, tokens=r.tokens, loss=r.loss, perplexity=r.perplexity,
-                     optimal_loss=r.optimal_loss, notes=r.notes)  # fmt: skip
+        entry = dict(seq_len=r.seq_len, windows=r.windows, tokens=r.tokens, loss=r.loss,
+                     perplexity=r.perplexity, optimal_loss=r.optimal_loss, notes=r.notes)  # fmt: skip
         if bits_per_byte:
             entry["bits_per_byte"] = r.bits_per_byte()
+            entry["bytes"] = r.tokens if r.text_tokens is None else r.text_tokens
         entry["positions"] = [
             dict(start=a, end=b, loss=loss, tokens=n,
                  optimal=None if r.position_optimal is None else r.position_optimal[i])
@@ -38,15 +39,17 @@ def markdown(report: dict) -> str:
         f"# Evaluation of {report['run']} at step {report['step']}",
         "",
         f"Checkpoint `{report['checkpoint']}` (commit `{report['commit']}`), trained at "
-        f"seq_len {report['trained_seq_len']}; data `{data['name']}` ({data['split']}, "
-        f"{data['windows']}). Loss in nats per scored token.",
+        f"seq_len {report['trained_seq_len']}; data `{data['name']}` ({data['split']} split). "
+        "Loss in nats per scored token" + ("; bits per byte on the byte targets only (no "
+        "<eos>)." if bpb else "."),
         "",
-        "| seq_len | tokens | loss | perplexity |" + (" bits/byte |" if bpb else "")
+        "| seq_len | windows | tokens | loss | perplexity |" + (" bits/byte |" if bpb else "")
         + " optimum | notes |",
-        "|---:|---:|---:|---:|" + ("---:|" if bpb else "") + "---:|---|",
+        "|---:|---|---:|---:|---:|" + ("---:|" if bpb else "") + "---:|---|",
     ]  # fmt: skip
     for e in report["lengths"]:
-        row = f"| {e['seq_len']} | {e['tokens']} | {e['loss']:.4f} | {e['perplexity']:.3f} |"
+        row = (f"| {e['seq_len']} | {e['windows']} | {e['tokens']} | {e['loss']:.4f} | "
+               f"{e['perplexity']:.3f} |")  # fmt: skip
         if bpb:
             row += f" {e['bits_per_byte']:.4f} |"
         lines.append(row + f" {_fmt(e['optimal_loss'])} | {'; '.join(e['notes'])} |")

@@ -1,6 +1,6 @@
-"""The ring benchmark (flashtrain.lab.bench.ring, scripts/bench_ring.py) runs end to end on CPU (2 gloo ranks it starts itself) and writes its
-JSON, table and plot, so it cannot meet a GPU session with a typo. Slow (~20 s: torchrun and two
-fresh interpreters): pytest -m slow."""
+"""The ring benchmark (flashtrain.lab.bench.ring, scripts/bench_ring.py) runs end to end on CPU
+(2 gloo ranks it starts itself) and writes its JSON, table and plot, so it cannot meet a GPU
+session with a typo. Slow (~20 s: torchrun and two fresh interpreters): pytest -m slow."""
 
 import json
 import os
@@ -12,7 +12,6 @@ from config_testing import REPO
 
 
 @pytest.mark.slow
-@pytest.mark.single_route
 def test_bench_ring_writes_json_table_and_plot(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env |= {"FLASHTRAIN_CPU_ATTENTION": "torch", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}

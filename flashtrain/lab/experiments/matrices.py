@@ -1,8 +1,8 @@
-"""The experiment matrices, one table per experiment: scale -> ScaleTable (see spec.py).
+"""The experiment matrices, one per experiment: scale -> ScaleMatrix (see spec.py).
 
 Each experiment is defined once: the settings of its runs live in its YAML presets under
 configs/experiment/ (<experiment>/<scale>.yaml, or the paper's own presets such as
-owt/gpt2s-4k), and a table names the preset and only what varies between its runs (the points:
+owt/gpt2s-4k), and a matrix names the preset and only what varies between its runs (the points:
 context length, attention) plus the scale's data choices, cost and needs. Scales: `tiny` runs
 on a 2-core CPU in minutes per run, `gpu` in ~20 minutes on one GPU, `paper` is the
 FlashAttention paper's setting (8 GPUs, hours to days; printed, run only on request). Every
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flashtrain.lab.experiments.spec import ScaleTable
+from flashtrain.lab.experiments.spec import ScaleMatrix
 
 
 def preset(name: str) -> tuple[str, ...]:
@@ -36,7 +36,7 @@ def context_points(contexts, micro_tokens: int):
 # paper (Table 4: ppl 18.2 / 17.6 / 17.5 at 1K / 2K / 4K); byte-level pysrc (or the synthetic
 # recall task) here.
 CONTEXT_LENGTH = {
-    "tiny": ScaleTable(
+    "tiny": ScaleMatrix(
         common=(),
         points=context_points((64, 128, 256, 512), micro_tokens=2048),
         data={
@@ -48,7 +48,7 @@ CONTEXT_LENGTH = {
         "minute)",
         needs="nothing: pysrc is this Python's standard library, synthetic is generated",
     ),
-    "gpu": ScaleTable(
+    "gpu": ScaleMatrix(
         common=preset("context-length/gpu"),
         points=context_points((512, 1024, 2048, 4096), micro_tokens=16384),
         data={
@@ -60,7 +60,7 @@ CONTEXT_LENGTH = {
         cost="one H100: ~3 minutes per run, 4 runs (65M tokens each)",
         needs="a CUDA GPU (openwebtext: its token cache, scripts/prepare_data.py openwebtext)",
     ),
-    "paper": ScaleTable(
+    "paper": ScaleMatrix(
         common=(),
         points=(
             ("ctx1024", preset("owt/gpt2s-1k")),
@@ -87,7 +87,7 @@ _ATTENTIONS = (
 )
 _PATH64 = "{runs}/pathfinder-paper-path64-pretrain/checkpoints/step_050000/model_optim.pt"
 PATHFINDER = {
-    "tiny": ScaleTable(
+    "tiny": ScaleMatrix(
         common=preset("pathfinder/tiny"),
         # The last point is a control: the same model on 64 training images must memorise them
         # (train accuracy ~100%), so a run at chance is the task's difficulty, not a broken pipeline.
@@ -95,7 +95,7 @@ PATHFINDER = {
         cost="2-core CPU: ~4 minutes per run (one thread), after generating 4000 images once",
         needs="nothing: the Pathfinder images are generated (data.num_workers processes)",
     ),
-    "gpu": ScaleTable(
+    "gpu": ScaleMatrix(
         common=preset("pathfinder/gpu"),
         points=(
             ("pathx-flash", ()),
@@ -105,7 +105,7 @@ PATHFINDER = {
         cost="one H100: ~6 minutes per run, 3 runs, after generating 20K Path-X images once",
         needs="a CUDA GPU; Path-X images are generated (16 cores: a few minutes)",
     ),
-    "paper": ScaleTable(
+    "paper": ScaleMatrix(
         # Pre-train on Path-64, then fine-tune with the positions upsampled (paper, Sec. 4.2).
         common=(),
         points=(
@@ -150,7 +150,7 @@ _GPU_STEPS = step_points(
         "reference": (1024, 2048, 4096),  # the (T, T) matrices of 12 layers: OOM beyond 4K
     }
 )
-_SPEED_MEMORY_GPU = ScaleTable(
+_SPEED_MEMORY_GPU = ScaleMatrix(
     common=preset("speed-memory/gpu"),
     points=_GPU_STEPS,
     bench=(("kernels", ("--head-dims", "64", "--causal", "true")),),
@@ -158,7 +158,7 @@ _SPEED_MEMORY_GPU = ScaleTable(
     needs="a CUDA GPU",
 )
 SPEED_MEMORY = {
-    "tiny": ScaleTable(
+    "tiny": ScaleMatrix(
         common=preset("speed-memory/tiny"),
         points=step_points(
             {impl: (256, 512, 1024, 2048, 4096) for impl in ("flash", "sdpa", "reference")}
@@ -180,21 +180,21 @@ SPEED_MEMORY = {
 # Masked-LM loss and accuracy. Paper (Table 1): BERT-large from the MLPerf 1.1 initial
 # checkpoint to 72.0% MLM accuracy in 17.4 minutes on 8 x A100 (Nvidia's MLPerf: 20.0).
 BERT = {
-    "tiny": ScaleTable(
+    "tiny": ScaleMatrix(
         common=preset("bert/tiny"),
         points=(("mlm", ()),),
         cost="2-core CPU, one thread: 8 min 16 s to 8 min 53 s measured (0.25-0.28 s a step; "
         "tokenizing the library once, ~20 s, included)",
         needs="nothing: pysrc is this Python's standard library, byte-level (no vocabulary files)",
     ),
-    "gpu": ScaleTable(
+    "gpu": ScaleMatrix(
         common=preset("bert/gpu"),
         points=(("mlm", ()),),
         cost="one H100: ~20 minutes",
         needs="a CUDA GPU; WikiText-103 and bert-base-uncased's vocab.txt in the cache "
         "(the network once)",
     ),
-    "paper": ScaleTable(
+    "paper": ScaleMatrix(
         common=(),
         points=(("large-512-mlperf", (*preset("bert/large-512"), "data.preset=mlperf")),),
         nproc=8,
@@ -205,7 +205,7 @@ BERT = {
     ),
 }
 
-TABLES = {
+MATRICES = {
     "context-length": CONTEXT_LENGTH,
     "pathfinder": PATHFINDER,
     "speed-memory": SPEED_MEMORY,

@@ -1,0 +1,45 @@
+"""`python scripts/export_hf.py CKPT OUT_DIR [options]`: the command line of flashtrain.hf.export.
+
+CKPT: a run directory, its checkpoints folder (the newest intact checkpoint) or a step_NNNNNN
+folder; single-process and sharded (FSDP2 / DCP) checkpoints alike. Exit 2 on bad input (a
+missing or damaged checkpoint, a model with no transformers equivalent, an existing OUT_DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from flashtrain.hf.export import DTYPES, export_checkpoint
+from flashtrain.train.checkpoint import CheckpointError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("checkpoint", help="a run directory, a checkpoints folder or a checkpoint")
+    p.add_argument("out_dir")
+    p.add_argument("--max-shard-size", default="5GB", help="safetensors shard size (default 5GB)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: as saved")
+    p.add_argument("--no-tokenizer", action="store_true", help="do not write tokenizer files")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        out = export_checkpoint(
+            args.checkpoint,
+            args.out_dir,
+            max_shard_size=args.max_shard_size,
+            dtype=args.dtype,
+            tokenizer=not args.no_tokenizer,
+            overwrite=args.overwrite,
+        )
+    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
+        print(f"export_hf: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {args.checkpoint} -> {out}")
+    return 0

@@ -1,0 +1,89 @@
+"""What a dry run (trainer.max_steps=0) plans for: the world its config needs, and the memory per GPU.
+
+A preset for 8 GPUs with trainer.context_parallel=8 cannot run on one process, but its dry run
+can describe it: the world is taken as the smallest multiple of context_parallel at least as
+large as this one (saying so), and the batch plan, the context-parallel split and the memory
+estimate are for that world. A real run on a world context_parallel does not divide is refused
+(config.check_context_parallel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flashtrain.train.config import BatchPlan
+from flashtrain.train.memory_estimate import MemoryEstimate, estimate_memory, gib
+
+_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def planned_world(world_size: int, context_parallel: int) -> int:
+    """The world a dry run plans for: this one when context_parallel divides it, else the
+    smallest multiple of context_parallel above it (an invalid context_parallel is left for
+    check_context_parallel to refuse)."""
+    if context_parallel < 1 or world_size % context_parallel == 0:
+        return world_size
+    return -(-world_size // context_parallel) * context_parallel
+
+
+def assumed_world_line(world_size: int, planned: int, context_parallel: int) -> str | None:
+    if planned == world_size:
+        return None
+    return (
+        f"dry run: planned for a world of {planned} processes, not this run's {world_size} "
+        f"(trainer.context_parallel={context_parallel} needs a multiple of {context_parallel}; "
+        f"a real run here is refused): batch plan and memory below are for {planned}"
+    )
+
+
+def estimate_precision(precision: str) -> str:
+    """The precision a GPU run of this config uses (auto: bf16 autocast on CUDA)."""
+    return "bf16" if precision == "auto" else precision
+
+
+def memory_for(
+    model: Any, trainer_cfg: Any, plan: BatchPlan, strategy: str, precision: str
+) -> MemoryEstimate:
+    """The per-GPU memory estimate (memory_estimate.py) of `model` (built on the meta device is
+    enough) trained with this plan, strategy and trainer.precision (auto: a GPU's bf16)."""
+    cfg = model.config
+    precision = estimate_precision(precision)
+    act = _BYTES[precision]
+    residual = 4  # the residual stream in the weights' dtype: fp32 under autocast
+    if strategy == "fsdp":
+        param = trainer_cfg.fsdp.param_dtype
+        residual = _BYTES[precision if param == "auto" else param]
+    return estimate_memory(
+        params=model.num_parameters(),
+        n_layer=cfg.n_layer,
+        d_model=cfg.d_model,
+        d_ff=cfg.d_ff,
+        kv_dim=getattr(cfg, "kv_dim", cfg.d_model),
+        mlp_widths=model.mlp_widths,
+        tokens_per_gpu=plan.micro_batch_size * plan.seq_len // plan.context_parallel,
+        recomputed=sum(model.recomputes_block(i) for i in range(cfg.n_layer)),
+        state_shards=plan.world_size if strategy == "fsdp" else 1,
+        act_bytes=act,
+        residual_bytes=residual,
+        dropout_masks=cfg.dropout > 0,
+        precision=precision,
+    )
+
+
+def memory_lines(m: MemoryEstimate, model: Any, plan: BatchPlan, strategy: str) -> list[str]:
+    """The summary's lines for estimate `m` of `model` under this plan and strategy."""
+    fsdp = strategy == "fsdp"
+    shards = f" / {plan.world_size} FSDP2 shards" if fsdp else " (not sharded)"
+    tokens = plan.micro_batch_size * plan.seq_len // plan.context_parallel
+    gathered = "FSDP2's gathered block weights, " if fsdp else ""
+    return [
+        f"memory per GPU (estimate: {plan.world_size} GPUs, {strategy}, {m.precision}; "
+        "arithmetic, not a measurement):",
+        f"  weights + gradients + AdamW states: 16 B x {model.num_parameters():,} params"
+        f"{shards} = {gib(m.states)}",
+        f"  activations of a micro-batch ({tokens:,} tokens per GPU): {gib(m.activations)} "
+        f"with model.recompute={model.config.recompute}, {gib(m.activations_other)} with "
+        f"{m.other_recompute}",
+        f"  total: ~{gib(m.total)} (not counted: {gathered}the allocator's slack, the CUDA "
+        "context; the fused loss holds no logits)",
+    ]

@@ -1,0 +1,122 @@
+"""model.init_from=<a trainer checkpoint folder>: a step folder or a checkpoints folder, in either of
+the trainer's formats (torch; dcp, FSDP2's sharded checkpoints with no model_optim.pt), loads the
+saved weights into a model at a longer context; the files are checked first. The saved weights
+are read back independently: torch's own dcp_to_torch_save, or the model that was saved.
+(Two FSDP2 ranks' checkpoint: tests/train/test_llama_train.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from flashtrain.models import build_model, init_sources
+from flashtrain.train import checkpoint as ckpt
+from flashtrain.train.checkpoint import CheckpointError
+
+TINY_LLAMA = dict(
+    arch="llama", n_layer=2, n_head=4, n_kv_head=2, d_model=64, d_ff=96, max_seq_len=32,
+    vocab_size=97, rope_theta=10000.0,
+)  # fmt: skip
+TINY_GPT2 = dict(arch="gpt2", n_layer=1, n_head=2, d_model=32, vocab_size=97, max_seq_len=32)
+
+
+def _trained_checkpoint(cfg: dict, root, *, sharded: bool, step: int = 5):
+    """A model after one optimizer step (weights off their init), saved as a trainer checkpoint
+    in one process; returns (model, step folder)."""
+    torch.manual_seed(0)
+    model = build_model(cfg, "sdpa")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids = torch.randint(0, 97, (2, 16))
+    model(ids, ids).loss.backward()
+    opt.step()
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        path = ckpt.save_checkpoint(
+            root, step, model=model, optimizer=opt, trainer_state={"step": step},
+            meta={"model_config": dataclasses.asdict(model.config)}, sharded=sharded,
+        )  # fmt: skip
+    return model, path
+
+
+def _saved_model(step_dir, tmp_path) -> dict[str, torch.Tensor]:
+    """The model entries of a DCP checkpoint, through torch's own converter."""
+    out = tmp_path / "converted.pt"
+    dcp_to_torch_save(step_dir, out)
+    return torch.load(out, weights_only=True)["model"]
+
+
+LONGER = dict(max_seq_len=128, rope_scaling=dict(type="linear", factor=4.0))
+
+
+@pytest.mark.parametrize("folder", ["step", "checkpoints"])
+def test_a_dcp_checkpoint_loads_at_a_longer_context(tmp_path, folder):
+    trained, step_dir = _trained_checkpoint(TINY_LLAMA, tmp_path / "ckpts", sharded=True)
+    assert not (step_dir / ckpt.MODEL_OPTIM).exists()  # what init_from could not read before
+    saved = _saved_model(step_dir, tmp_path)
+    assert saved.keys() == trained.state_dict().keys()
+    ref = step_dir if folder == "step" else step_dir.parent
+    longer = build_model({**TINY_LLAMA, **LONGER, "init_from": str(ref)}, "sdpa")
+    got = longer.state_dict()
+    assert got.keys() == saved.keys()
+    for name, value in saved.items():
+        assert torch.equal(got[name], value), name
+    # and it runs at the longer context: position interpolation, position 4p is the old p
+    ids = torch.randint(0, 97, (1, 32))
+    with torch.no_grad():
+        a = trained.hidden_states(ids, position_ids=torch.arange(32)[None])
+        b = longer.hidden_states(ids, position_ids=torch.arange(32)[None] * 4)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_newest_torch_checkpoint_of_a_folder_loads(tmp_path):
+    _trained_checkpoint(TINY_LLAMA, tmp_path / "ckpts", sharded=False, step=3)
+    newest, step_dir = _trained_checkpoint(TINY_LLAMA, tmp_path / "ckpts", sharded=False, step=7)
+    assert step_dir.name == "step_000007"
+    model = build_model({**TINY_LLAMA, **LONGER, "init_from": str(tmp_path / "ckpts")}, "sdpa")
+    for name, value in newest.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_learned_positions_are_resized_from_a_dcp_checkpoint(tmp_path):
+    """The checkpoint's shapes come from its own metadata, so a table longer in this model
+    (GPT-2's wpe at twice the context) loads and is interpolated as for a torch file."""
+    trained, step_dir = _trained_checkpoint(TINY_GPT2, tmp_path / "ckpts", sharded=True)
+    from_file = tmp_path / "weights.pt"
+    torch.save(trained.state_dict(), from_file)
+    longer = {**TINY_GPT2, "max_seq_len": 64}
+    a = build_model({**longer, "init_from": str(step_dir)}, "sdpa").state_dict()
+    b = build_model({**longer, "init_from": str(from_file)}, "sdpa").state_dict()
+    assert a["wpe.weight"].shape == (64, 32)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path):
+    _, step_dir = _trained_checkpoint(TINY_LLAMA, tmp_path / "ckpts", sharded=True)
+    shard = step_dir / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"model.init_from=.*__0_0\.distcp"):
+        build_model({**TINY_LLAMA, "init_from": str(step_dir)}, "sdpa")
+
+
+def test_folders_without_a_checkpoint_are_refused(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=r"no checkpoint in .*its checkpoints are in"):
+        build_model({**TINY_LLAMA, "init_from": str(run)}, "sdpa")
+    _trained_checkpoint(TINY_GPT2, run / "checkpoints", sharded=False)
+    with pytest.raises(ValueError, match=r"init_from=.* does not fit this model"):
+        build_model({**TINY_LLAMA, "init_from": str(run / "checkpoints")}, "sdpa")
+
+
+def test_a_folder_needs_the_trainer_imported(tmp_path, monkeypatch):
+    monkeypatch.setattr(init_sources, "FOLDER_SOURCES", [])
+    with pytest.raises(ValueError, match="is a folder: .* read by flashtrain.train"):
+        init_sources.init_source_for(str(tmp_path))
+    assert init_sources.init_source_for(str(tmp_path / "model.pt")) is None
