@@ -98,6 +98,31 @@ def test_dry_run_streams_every_section(dry_run):
     assert_flat_and_few(out)
 
 
+def test_second_call_names_the_gpu_and_measures_llama_and_decode(tmp_path, cpu_route):
+    """Call 2 of docs/gpu_session.md: its files start with the environment though it names only
+    llama and decode; Llama through the trainer (flash and sdpa), every decode method per
+    cache length, both in summary.md."""
+    code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "decode", "llama"])
+    record = state(tmp_path)
+    assert code == 0, {n: s["status"] for n, s in record["sections"].items()}
+    assert list(record["sections"]) == ["environment", "llama", "decode"]
+    assert "device" in record["runs"][-1]
+    runs = record["sections"]["llama"]["rows"]
+    assert [(r["model"], r["attention"]) for r in runs] == [("llama-125m", "flash"),
+                                                            ("llama-125m", "sdpa")]  # fmt: skip
+    assert all(r["tokens_per_s"] > 0 for r in runs)
+    rows = record["sections"]["decode"]["rows"]
+    assert {(r["cache_len"], r["method"]) for r in rows} == {
+        (n, m) for n in (64, 256) for m in ("kvcache", "kvcache-1", "flash", "sdpa")
+    }
+    assert all(r["max_abs_diff_vs_kvcache"] < 1e-4 for r in rows), rows
+    summary = (tmp_path / "summary.md").read_text()
+    for piece in ("## Llama training", "| llama-125m | 64 | flash |", "## Decode step",
+                  "| 256 | sdpa |"):  # fmt: skip
+        assert piece in summary, piece
+    assert_flat_and_few(tmp_path)
+
+
 def test_every_measurement_is_on_disk_before_the_next_starts(tmp_path):
     record = Record(tmp_path, 60.0, summary_markdown, derive)
     record.state["runs"].append({"dry_run": True})

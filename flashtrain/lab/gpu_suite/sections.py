@@ -11,6 +11,8 @@ is on disk the moment it finishes). Sizes are the real ones on a GPU and toys in
     training     GPT-2 small at 1K through the trainer, compiled, flash vs sdpa: tokens/s and MFU
     long         64K tokens fwd+bwd: time and peak memory
     llama        Llama ~125M (GQA, rotary) at 16K and 1K through the trainer, eager, flash vs sdpa
+    decode       one decode step against a 4K-64K KV cache: flash_attn_with_kvcache (split-KV and one
+                 split), flash_attn_func on the cache, SDPA (Llama-3-8B's heads, bf16)
     sweep        descriptor-load correctness, then the tile configs; the per-GPU table as it goes
     pytest       `pytest -m gpu` with its own budget, its log and junit kept
 """
@@ -31,7 +33,15 @@ import torch
 
 from flashtrain.attention import flash_attn_func, sparsity
 from flashtrain.kernels import tuning
-from flashtrain.lab.bench import baselines, correctness, measure, results, tile_sweep, training
+from flashtrain.lab.bench import (
+    baselines,
+    correctness,
+    decode,
+    measure,
+    results,
+    tile_sweep,
+    training,
+)
 from flashtrain.lab.bench.attention_rows import bench_method, random_qkv, skipped_rows
 from flashtrain.lab.checkout import TESTS
 from flashtrain.lab.gpu_suite.record import Record, Section, SectionFailed
@@ -63,6 +73,8 @@ class Sizes:
     train_compile: bool
     llama_seqlens: tuple[int, ...]  # the long context first
     llama_steps: int
+    decode: tuple[int, int, int, int]  # batch, query heads, KV heads, head_dim
+    decode_lens: tuple[int, ...]  # KV cache tokens
     sweep_seqlen: int
     rep: int
 
@@ -70,10 +82,11 @@ class Sizes:
     def for_run(cls, dry: bool, rep: int) -> Sizes:
         if dry:  # toys on CPU: the code paths, no figure
             return cls(torch.float32, (32, 16), (64, 128), 256, 64, (256, 64, 1), 256, 8,
-                       (1, 256, 2, 16), 64, 6, False, (64,), 6, 64, 2)  # fmt: skip
+                       (1, 256, 2, 16), 64, 6, False, (64,), 6, (1, 4, 2, 16), (64, 256), 64,
+                       2)  # fmt: skip
         return cls(torch.bfloat16, (128, 64), (4096, 16384), 16384, 2048, (16384, 128, 8), 8192,
-                   1024, (1, 65536, 16, 128), 1024, 20, True, (16384, 1024), 12, 4096,
-                   rep)  # fmt: skip
+                   1024, (1, 65536, 16, 128), 1024, 20, True, (16384, 1024), 12,
+                   (1, 32, 8, 128), (4096, 16384, 65536, 8192, 32768), 4096, rep)  # fmt: skip
 
 
 @dataclass
@@ -317,6 +330,22 @@ def section_long(suite: Suite, sec: Section) -> None:
             "flashtrain", fwd, (q, k, v), dims, causal, 2 if suite.dry else 5, device=suite.device))  # fmt: skip
 
 
+def section_decode(suite: Suite, sec: Section) -> None:
+    """Every method at one cache length per measurement (4K, 16K, 64K first: issue 24's range)."""
+    batch, heads_q, heads_kv, head_dim = suite.sizes.decode
+    lens = suite.sizes.decode_lens
+    names = [f"decode cache={n}" for n in lens]
+    sec.plan(names)
+    for name, length in zip(names, lens):
+        rows = sec.measure(name, lambda length=length: decode.decode_rows(
+            [length], batch, heads_q, heads_kv, head_dim, suite.sizes.dtype,
+            torch.device(suite.device), suite.sizes.rep))  # fmt: skip
+        if rows:
+            print("  " + name + ": " + ", ".join(
+                f"{r['method']} {r['seconds'] * 1e6:.0f} us" for r in rows), flush=True)  # fmt: skip
+        _free_cuda()
+
+
 # ---- sweep -------------------------------------------------------------------------------------
 
 
@@ -420,6 +449,7 @@ SECTIONS = {
     "training": section_training,
     "long": section_long,
     "llama": section_llama,
+    "decode": section_decode,
     "sweep": section_sweep,
     "pytest": section_pytest,
 }

@@ -90,6 +90,15 @@ def _long(sec: dict) -> list[str]:
     return lines
 
 
+def _decode(sec: dict) -> list[str]:
+    lines = ["", "## Decode step (one query row per sequence)", "",
+             "| cache tokens | method | time (us) | max diff vs kvcache |", "|---|---|---|---|"]  # fmt: skip
+    for r in sec.get("rows", []):
+        lines.append(f"| {r['cache_len']} | {r['method']} | {_fmt(r['seconds'] * 1e6, 1)} | "
+                     f"{r['max_abs_diff_vs_kvcache']:.1e} |")  # fmt: skip
+    return lines
+
+
 def _sweep(sec: dict) -> list[str]:
     lines = ["", f"## Tile sweep: table {sec.get('table_file')}, descriptor loads "
              f"{'allowed' if sec.get('tma_allowed') else 'not allowed (their checks did not all pass)'}",
@@ -135,6 +144,8 @@ def summary_markdown(state: dict) -> str:
         lines += _long(sections["long"])
     if "llama" in sections:
         lines += _training(sections["llama"], "Llama training")
+    if "decode" in sections:
+        lines += _decode(sections["decode"])
     if "sweep" in sections:
         lines += _sweep(sections["sweep"])
     if "pytest" in sections:
