@@ -411,7 +411,9 @@ def section_pytest(suite: Suite, sec: Section) -> None:
 
     def run() -> dict:
         # -p flashtrain.lab.checkout: the tests import flashtrain.kernels from an uninstalled tree
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "flashtrain.lab.checkout", "-q", "-rfE",
+        # -o addopts=: the project's defaults run on every core through pytest-xdist, which the
+        # GPU image lacks; the GPU tests run in one process there
+        cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-p", "flashtrain.lab.checkout", "-q", "-rfE",
                f"--junitxml={suite.out / PYTEST_JUNIT}", *suite.pytest_args]  # fmt: skip
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(suite.out / PYTEST_LOG, "w") as log:
