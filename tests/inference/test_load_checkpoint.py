@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from flashtrain.inference.checkpoint import load_for_inference
 from flashtrain.models import build_model
-from flashtrain.train.checkpoint import MODEL_OPTIM, save_checkpoint
+from flashtrain.train.checkpoint import MODEL_OPTIM
+from flashtrain.train.checkpoint_save import save_checkpoint
 
 TINY_GPT2 = dict(arch="gpt2", n_layer=1, n_head=2, d_model=32, vocab_size=23, max_seq_len=16)
 
