@@ -5,14 +5,13 @@
 
 The checkpoint is verified against its checksums first (flashtrain.train.checkpoint); the model
 is rebuilt from the config recorded in its meta.json (without its init_from, which the saved
-weights replace) and filled from model_optim.pt ("torch" format: single process, DDP) or from
-the DCP shards ("dcp" format: FSDP2; read here without a process group, every shard of the
-model and none of the optimizer).
+weights replace) and filled from the weights checkpoint.read_model_state reads: model_optim.pt
+("torch" format: single process, DDP) or every DCP shard of the model and none of the optimizer
+("dcp" format: FSDP2; read without a process group).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +21,9 @@ from omegaconf import OmegaConf
 from flashtrain.models import TransformerModel, build_model, model_config
 from flashtrain.train.checkpoint import (
     CONFIG,
-    MODEL_OPTIM,
     CheckpointError,
     read_meta,
+    read_model_state,
     resolve_checkpoint,
 )
 from flashtrain.train.run_info import read_run_info
@@ -43,28 +42,18 @@ def load_checkpoint_model(
     path: str | Path, attention="reference"
 ) -> tuple[TransformerModel, CheckpointInfo]:
     """The model saved in checkpoint `path` (a step folder, a checkpoints folder or a run
-    directory: its newest intact checkpoint), on CPU in the dtype it was saved in, in eval mode."""
+    directory: its newest intact checkpoint), on CPU in eval mode, in the dtype the model is built
+    in (float32, as the trainer keeps its weights; the saved values are copied in)."""
     step_dir = resolve_checkpoint(path)
     meta = read_meta(step_dir)
     if not meta.get("model_config"):
         raise CheckpointError(f"checkpoint {step_dir} records no model_config in its meta.json")
     cfg = model_config({**meta["model_config"], "init_from": None})
+    state, _ = read_model_state(step_dir)
     with torch.device("meta"):
         model = build_model(cfg, attention)
     model.to_empty(device="cpu")
-    state = model.state_dict()
-    if meta["format"] == "torch":
-        saved = torch.load(step_dir / MODEL_OPTIM, map_location="cpu", weights_only=True)["model"]
-        model.load_state_dict(saved, strict=True)
-    elif meta["format"] == "dcp":
-        import torch.distributed.checkpoint as dcp
-
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({"model": state}, checkpoint_id=str(step_dir), no_dist=True)
-        model.load_state_dict(state, strict=True)
-    else:
-        raise CheckpointError(f"checkpoint {step_dir} has unknown format {meta['format']!r}")
+    model.load_state_dict(state, strict=True)
     run_config = {}
     if (step_dir / CONFIG).is_file():
         run_config = OmegaConf.to_container(OmegaConf.load(step_dir / CONFIG), resolve=False)

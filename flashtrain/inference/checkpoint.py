@@ -3,8 +3,8 @@ the facts a report names (run, step, commit).
 
 CKPT may be a checkpoint (step_NNNNNN/), a checkpoints folder (its newest), or a run directory
 (its checkpoints/ folder's newest); every file is checked against its checksum first
-(flashtrain.train.checkpoint.resolve_checkpoint). Only the model's weights are read; both of the
-trainer's formats load (torch, and dcp from FSDP2 runs).
+(flashtrain.train.checkpoint.resolve_checkpoint). Only the model's weights are read, by
+checkpoint.read_model_state: both of the trainer's formats load (torch, and dcp from FSDP2 runs).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from flashtrain.data.config import CorpusConfig, SyntheticConfig, cache_root
 from flashtrain.data.registry import data_config
 from flashtrain.data.tokenization import build_tokenizer
 from flashtrain.models import build_model
-from flashtrain.train import checkpoint as ckpt
+from flashtrain.train.checkpoint import CONFIG, read_meta, read_model_state, resolve_checkpoint
 from flashtrain.train.run_info import read_run_info
 
 
@@ -108,19 +108,6 @@ class LoadedCheckpoint:
         )
 
 
-def _load_weights(model: torch.nn.Module, path: Path, fmt: str) -> None:
-    if fmt == "torch":
-        state = torch.load(path / ckpt.MODEL_OPTIM, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"])
-        return
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-
-    state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
-    set_model_state_dict(model, state["model"])
-
-
 def load_for_inference(
     path: str | Path, device: str | torch.device = "cpu", *, max_seq_len: int | None = None,
     position_mode: str = "interpolate",
@@ -130,11 +117,11 @@ def load_for_inference(
     max_seq_len: build the model for this many positions instead of the trained length (GPT-2's
     learned table resized by `position_mode`: interpolate or copy; rotary models need nothing).
     """
-    ckpt_dir = ckpt.resolve_checkpoint(path)
-    meta = ckpt.read_meta(ckpt_dir)
-    config_file = ckpt_dir / ckpt.CONFIG
+    ckpt_dir = resolve_checkpoint(path)
+    meta = read_meta(ckpt_dir)
+    config_file = ckpt_dir / CONFIG
     if not config_file.is_file():
-        raise ValueError(f"checkpoint {ckpt_dir} has no {ckpt.CONFIG}: its run's config is unknown")
+        raise ValueError(f"checkpoint {ckpt_dir} has no {CONFIG}: its run's config is unknown")
     config = OmegaConf.load(config_file)
     model_cfg = OmegaConf.to_container(config.model, resolve=True)
     model_cfg["init_from"] = None  # the checkpoint's weights replace any initial ones
@@ -144,12 +131,11 @@ def load_for_inference(
     with torch.device("meta"):
         model = build_model(model_cfg, OmegaConf.to_container(config.attention, resolve=True))
     model.to_empty(device="cpu")
-    if max_seq_len is not None and max_seq_len != trained_len:
-        trained = build_model({**model_cfg, "max_seq_len": trained_len}, "reference")
-        _load_weights(trained, ckpt_dir, meta["format"])
-        model.load_state_dict_extended(trained.state_dict(), mode=position_mode)
+    state, _ = read_model_state(ckpt_dir)
+    if max_seq_len is not None and max_seq_len != trained_len:  # learned positions resized
+        model.load_state_dict_extended(state, mode=position_mode, strict=True)
     else:
-        _load_weights(model, ckpt_dir, meta["format"])
+        model.load_state_dict(state, strict=True)
     model.to(device).eval()
     run_dir = ckpt_dir.parent.parent
     commit = read_run_info(run_dir).get("commit") or meta.get("commit") or "unknown"

@@ -1,4 +1,4 @@
-"""Checkpoints: atomic, resumable, the last K kept.
+"""Checkpoints: what one is, finding, checking and reading it (writing one: checkpoint_save.py).
 
 Layout of one checkpoint (a directory under the run's checkpoints/ folder):
 
@@ -13,26 +13,21 @@ Layout of one checkpoint (a directory under the run's checkpoints/ folder):
                        "dcp": FSDP2; every rank writes its own shards)
     latest             the name of the newest checkpoint
 
-Everything is written into `.step_000200.tmp/` and renamed into place only when complete, so a
-kill at any moment leaves the previous checkpoints intact and never a half-written `latest`.
 Loading checks every file against the checksums first; `resume=auto` passes over a damaged
-checkpoint to the newest intact one. Pruning removes a checkpoint's meta.json before the rest, so
-a prune cut short never leaves something that looks like a checkpoint but lacks its tensors.
-Model and optimizer state go through torch.distributed.checkpoint.state_dict (parameter names as
-keys, wrapper prefixes removed), so either format loads into single, DDP or FSDP2 runs.
-read_model_state reads the model's weights alone, in one process, from either format
-(model.init_from=<checkpoint folder>: init_from.py).
+checkpoint to the newest intact one. Model and optimizer state go through
+torch.distributed.checkpoint.state_dict (parameter names as keys, wrapper prefixes removed), so
+either format loads into single, DDP or FSDP2 runs.
+read_model_state reads the model's weights alone, in one process, from either format: the one
+reader of model.init_from=<checkpoint folder> (init_from.py), export (hf/checkpoint_model.py),
+generate and evaluate (inference/checkpoint.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import logging
 import os
 import re
-import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,21 +43,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from flashtrain.file_integrity import ALGORITHM, fsync_directory
+from flashtrain.file_integrity import ALGORITHM
 from flashtrain.train.checkpoint_manifest import (
     META,
     CheckpointError,
-    HashingStorageWriter,
-    Manifest,
-    NoSpaceError,
-    complete_manifest,
     is_verified,
     unlisted_files,
     verify_files,
-    write_hashed,
 )
-from flashtrain.train.distributed import broadcast_object, gather_objects
-from flashtrain.train.run_lock import RunLock, holds_lock
+from flashtrain.train.distributed import broadcast_object, gather_objects, is_main_process
 
 log = logging.getLogger("flashtrain.checkpoint")
 
@@ -89,6 +78,10 @@ class CheckpointInfo:
 
 def checkpoint_name(step: int) -> str:
     return f"step_{step:06d}"
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(CKPT_RE.match(path.name).group(1))
 
 
 def find_checkpoints(root: str | os.PathLike) -> list[CheckpointInfo]:
@@ -236,240 +229,6 @@ def _allow_unverified(path: Path, meta: dict, allowed: bool) -> None:
             f"{meta.get('version', 1)}), so its files cannot be checked before loading. If you "
             f"trust it, pass trainer.allow_unverified_checkpoint=true"
         )
-
-
-def _is_main() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, an interrupt: no half-written file left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
-
-
-class LatestNotUpdated(Exception):
-    """The checkpoint is complete and in place, but writing `latest` (which names it) failed."""
-
-    def __init__(self, final: Path, error: OSError):
-        super().__init__(
-            f"checkpoint {final} is complete, but writing {final.parent / 'latest'} failed: {error}"
-        )
-        self.final = final
-
-
-def save_checkpoint(
-    root: str | os.PathLike,
-    step: int,
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    trainer_state: dict[str, Any] | None,
-    meta: dict[str, Any],
-    config_yaml: str = "",
-    sharded: bool = False,
-    keep_last: int = 0,
-) -> Path:
-    """Write checkpoint `step` under `root`. A collective: every rank calls it.
-
-    trainer_state (rank 0's; other ranks may pass None) holds whatever the trainer needs beyond
-    model and optimizer. sharded=True writes through torch.distributed.checkpoint (FSDP2).
-    Every file is hashed while it is written (each rank hashes its own shards); meta.json,
-    written last, lists them all. Returns the final checkpoint directory.
-
-    Rank 0 holds the folder's lock meanwhile (a trainer holds it for its whole run; a caller
-    without it takes it here), so nothing it clears away is another live run's. A failure on
-    any rank fails the save on every rank and removes the partial checkpoint; a full disk
-    raises NoSpaceError.
-    """
-    root = Path(root)
-    name = checkpoint_name(step)
-    final = root / name
-    tmp = root / f".{name}.tmp"
-    with contextlib.ExitStack() as hold:
-        _on_every_rank(lambda: _start_save(root, tmp, hold) if _is_main() else None, tmp)
-        try:  # from here on, tmp is this save's own
-            written: Manifest = {}
-
-            def write_state() -> None:
-                state = None
-                if sharded or _is_main():
-                    state = {
-                        "model": get_model_state_dict(model),
-                        "optim": get_optimizer_state_dict(model, optimizer),
-                    }
-                if sharded:
-                    import torch.distributed.checkpoint as dcp
-
-                    writer = HashingStorageWriter(tmp)
-                    dcp.save(state, storage_writer=writer)
-                    written.update(writer.entries)
-                elif _is_main():
-                    written[MODEL_OPTIM] = write_hashed(
-                        tmp / MODEL_OPTIM, lambda f: torch.save(state, f)
-                    )
-
-            every_rank = _on_every_rank(write_state, tmp, result=lambda: written)
-
-            def finish() -> None:
-                if not _is_main():
-                    return
-                files = {file: entry for part in every_rank for file, entry in part.items()}
-                _finish_save(root, tmp, final, files, trainer_state, meta, config_yaml, sharded)
-                if keep_last > 0:
-                    prune_checkpoints(root, keep_last)
-
-            _on_every_rank(finish, tmp)
-        except BaseException:
-            if _is_main():  # every rank has stopped writing into it
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return final
-
-
-def _start_save(root: Path, tmp: Path, hold: contextlib.ExitStack) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    if not holds_lock(root):  # called outside a run (a tool, a test): hold it for this save
-        hold.enter_context(RunLock(root, f"save_checkpoint in pid {os.getpid()}"))
-    _remove_leftovers(root)
-    tmp.mkdir()
-
-
-def _finish_save(root, tmp, final, files, trainer_state, meta, config_yaml, sharded) -> None:
-    """Rank 0, all shards written: the trainer state, config and meta.json, then the rename."""
-    files[TRAINER_STATE] = write_hashed(
-        tmp / TRAINER_STATE, lambda f: torch.save(trainer_state or {}, f)
-    )
-    if config_yaml:
-        files[CONFIG] = write_hashed(tmp / CONFIG, lambda f: f.write(config_yaml.encode()))
-    full_meta = dict(meta)
-    full_meta.update(
-        step=int(checkpoint_step(final)),
-        format="dcp" if sharded else "torch",
-        version=FORMAT_VERSION,
-        files=complete_manifest(tmp, files),
-    )
-    with open(tmp / META, "w") as f:
-        json.dump(full_meta, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_directory(tmp)
-    if final.exists():  # the same step saved again (a resume from an older step): swap it in
-        try:
-            old_meta = read_meta(final)
-            was = f"written {old_meta.get('time', '?')} by run '{old_meta.get('run_name', '?')}'"
-        except CheckpointError:
-            was = "incomplete"
-        log.warning("replacing checkpoint %s (%s) with this run's step", final, was)
-        old = root / f".{final.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-    fsync_directory(root)
-    try:
-        _atomic_write_text(root / "latest", final.name + "\n")
-    except OSError as e:
-        raise LatestNotUpdated(final, e) from e
-
-
-def checkpoint_step(path: Path) -> int:
-    return int(CKPT_RE.match(path.name).group(1))
-
-
-def _on_every_rank(work, tmp: Path, result=lambda: None) -> list:
-    """Run `work` on every rank, then tell every rank whether any failed (a collective, so no
-    rank waits forever for one that failed): each rank's result(), or the failure raised on
-    every rank (a full disk as NoSpaceError)."""
-    failure = None
-    try:
-        work()
-    except Exception as e:  # noqa: BLE001 - passed on to the other ranks, then raised
-        failure = e
-    outcome = ("failed", _describe_failure(failure, tmp)) if failure else ("ok", result())
-    outcomes = gather_objects(outcome)
-    if failure is not None:
-        if _is_no_space(failure):
-            raise NoSpaceError(_describe_failure(failure, tmp)[1]) from failure
-        raise failure
-    for rank, (status, value) in enumerate(outcomes):
-        if status == "failed":
-            kind, message = value
-            if kind == "no_space":
-                raise NoSpaceError(message)
-            raise RuntimeError(f"saving a checkpoint failed on rank {rank}: {message}")
-    return [value for _, value in outcomes]
-
-
-def _is_no_space(error: BaseException) -> bool:
-    """ENOSPC anywhere in the chain (torch.save reports it as a RuntimeError caused by it)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(error):  # DCP collects its writers' errors as text
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def _describe_failure(error: BaseException | None, tmp: Path) -> tuple[str, str]:
-    if isinstance(error, LatestNotUpdated) and _is_no_space(error):
-        return "no_space", (
-            f"no space left on the device writing {error.final.parent / 'latest'}: checkpoint "
-            f"{error.final} is complete and kept (trainer.resume=auto finds it), only `latest` "
-            f"still names the one before; free space on {error.final.parent} (or lower "
-            f"trainer.keep_last), then continue with trainer.resume=auto"
-        )
-    if error is not None and _is_no_space(error):
-        final = tmp.parent / tmp.name[1 : -len(".tmp")]
-        return "no_space", (
-            f"no space left on the device writing checkpoint {final}: the partial "
-            f"checkpoint was removed, the earlier ones are intact; free space on {tmp.parent} "
-            f"(or lower trainer.keep_last), then continue with trainer.resume=auto"
-        )
-    return "other", f"{type(error).__name__}: {error}"
-
-
-def _remove_leftovers(root: Path) -> None:
-    """What an interrupted save or prune left: temporary directories, and step directories
-    without a meta.json (a prune cut short). A checkpoint moved aside to be replaced by a new
-    save of the same step goes back into place if the new one never arrived."""
-    for old in root.glob(".step_*.old"):
-        final = root / old.name[1 : -len(".old")]
-        if not final.exists() and (old / META).is_file():
-            os.rename(old, final)
-        else:
-            shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".step_*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
-    for entry in root.iterdir():
-        if CKPT_RE.match(entry.name) and entry.is_dir() and not (entry / META).exists():
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def prune_checkpoints(root: str | os.PathLike, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` checkpoints under `root`. Each loses its meta.json
-    first (made durable before anything else goes), so a prune cut short at any moment leaves
-    only complete checkpoints and directories that are plainly not checkpoints (removed by the
-    next save)."""
-    doomed = find_checkpoints(root)[:-keep_last] if keep_last > 0 else []
-    for info in doomed:
-        (info.path / META).unlink(missing_ok=True)
-        fsync_directory(info.path)
-    for info in doomed:
-        shutil.rmtree(info.path, ignore_errors=True)
 
 
 def load_checkpoint(
@@ -627,14 +386,14 @@ def _verify_on_every_rank(path: Path, meta: dict, allow_unverified: bool) -> Non
     manifest = meta.get("files")
     if manifest is None:
         _allow_unverified(path, meta, allow_unverified)
-        if _is_main():
+        if is_main_process():
             log.warning(
                 "checkpoint %s has no checksums (format version %s): loading it unverified",
                 path,
                 meta.get("version", 1),
             )
         return
-    if not broadcast_object(is_verified(path, manifest) if _is_main() else None):
+    if not broadcast_object(is_verified(path, manifest) if is_main_process() else None):
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         error = None
         try:
@@ -644,7 +403,7 @@ def _verify_on_every_rank(path: Path, meta: dict, allow_unverified: bool) -> Non
         errors = [e for e in gather_objects(error) if e]
         if errors:
             raise CheckpointError(errors[0])
-    if _is_main() and (extra := unlisted_files(path, manifest)):
+    if is_main_process() and (extra := unlisted_files(path, manifest)):
         log.warning(
             "checkpoint %s holds files its %s does not list (ignored, never read): %s",
             path,
@@ -694,33 +453,3 @@ def _check_shapes(path: Path, saved: dict, current: dict, meta: dict) -> None:
         lines.append(f"  it was saved with model config {meta['model_config']}")
     lines.append("  resume with the same model settings, or start a new run without trainer.resume")
     raise CheckpointError("\n".join(lines))
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states (python, numpy, torch CPU and the current CUDA device)."""
-    import random
-
-    import numpy as np
-
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-
-    random.setstate(state["python"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])

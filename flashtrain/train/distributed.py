@@ -90,6 +90,11 @@ def teardown_distributed(barrier: bool = False) -> None:
         dist.destroy_process_group()
 
 
+def is_main_process() -> bool:
+    """Rank 0, or the only process (no process group)."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank src's `obj` on every rank (a no-op without a process group)."""
     if not dist.is_initialized():

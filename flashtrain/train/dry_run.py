@@ -4,14 +4,21 @@ A preset for 8 GPUs with trainer.context_parallel=8 cannot run on one process, b
 can describe it: the world is taken as the smallest multiple of context_parallel at least as
 large as this one (saying so), and the batch plan, the context-parallel split and the memory
 estimate are for that world. A real run on a world context_parallel does not divide is refused
-(config.check_context_parallel).
+(config.check_context_parallel). plan_world gives the trainer either world (with its strategy,
+batch plan and context-parallel split); dry_run_plan the estimate and the summary's lines.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-from flashtrain.train.config import BatchPlan
+from flashtrain.train.config import BatchPlan, batch_plan
+from flashtrain.train.context_parallel import (
+    ContextParallel,
+    planned_context_parallel,
+    setup_context_parallel,
+)
+from flashtrain.train.distributed import DistEnv, resolve_strategy
 from flashtrain.train.memory_estimate import MemoryEstimate, estimate_memory, gib
 
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -24,6 +31,28 @@ def planned_world(world_size: int, context_parallel: int) -> int:
     if context_parallel < 1 or world_size % context_parallel == 0:
         return world_size
     return -(-world_size // context_parallel) * context_parallel
+
+
+class World(NamedTuple):
+    """The processes a run is planned for: this launch's, or the world a dry run plans for."""
+
+    size: int
+    strategy: str  # trainer.strategy resolved for `size`: single, ddp or fsdp
+    plan: BatchPlan
+    cp: ContextParallel  # this rank's groups, or (a planned world) the sizes alone
+
+
+def plan_world(cfg: Any, env: DistEnv, dry_run: bool) -> World:
+    """This launch's world, context parallelism set up on it; for a dry run whose
+    trainer.context_parallel does not divide it, the planned world (planned_world), which this
+    process is not part of. Each check refuses as for a real run of that world."""
+    t = cfg.trainer
+    size = planned_world(env.world_size, t.context_parallel) if dry_run else env.world_size
+    strategy = resolve_strategy(t.strategy, size)
+    plan = batch_plan(cfg, size, t.context_parallel)
+    if size == env.world_size:
+        return World(size, strategy, plan, setup_context_parallel(cfg, env))
+    return World(size, strategy, plan, planned_context_parallel(cfg, size))
 
 
 def assumed_world_line(world_size: int, planned: int, context_parallel: int) -> str | None:
@@ -68,6 +97,17 @@ def memory_for(
         dropout_masks=cfg.dropout > 0,
         precision=precision,
     )
+
+
+def dry_run_plan(
+    model: Any, world: World, launched: int, trainer_cfg: Any
+) -> tuple[MemoryEstimate, list[str]]:
+    """A dry run's memory estimate of `model` in `world`, and the summary's lines for it: the
+    planned world first when it is not the `launched` one."""
+    memory = memory_for(model, trainer_cfg, world.plan, world.strategy, trainer_cfg.precision)
+    assumed = assumed_world_line(launched, world.size, trainer_cfg.context_parallel)
+    lines = memory_lines(memory, model, world.plan, world.strategy)
+    return memory, ([assumed] if assumed else []) + lines
 
 
 def memory_lines(m: MemoryEstimate, model: Any, plan: BatchPlan, strategy: str) -> list[str]:

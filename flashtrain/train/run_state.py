@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from flashtrain.train import checkpoint as ckpt
+from flashtrain.train.checkpoint_save import save_checkpoint
 from flashtrain.train.config import ConfigError, TrainConfig, config_dict, config_yaml
 from flashtrain.train.distributed import DistEnv, broadcast_object, gather_objects
 from flashtrain.train.optim import (
@@ -70,7 +71,7 @@ class RunCheckpoints:
         """Checkpoint the run at its current step (a collective: every rank calls it);
         data_state: this rank's stream position after the batches consumed."""
         env, state = self.env, self.state
-        rng = gather_objects(ckpt.rng_state())
+        rng = gather_objects(rng_state())
         data = gather_objects(data_state)
         trainer_state = None
         if env.is_main:
@@ -97,7 +98,7 @@ class RunCheckpoints:
             "model_config": config_dict(self.cfg)["model"],
             "run_name": self.run_name,
         }
-        path = ckpt.save_checkpoint(
+        path = save_checkpoint(
             self.root,
             state.step,
             model=self.model,
@@ -156,7 +157,7 @@ class RunCheckpoints:
             self.data.load_state_dict(saved["data"][self.env.rank])
         except ValueError as e:  # the stream cannot continue as this run's data is set up
             raise ckpt.CheckpointError(f"checkpoint {target}: {e}") from e
-        ckpt.set_rng_state(saved["rng"][self.env.rank])
+        set_rng_state(saved["rng"][self.env.rank])
         state.last_ckpt = target
         log.info("resumed from %s at step %d", target, state.step)
         return True
@@ -218,3 +219,33 @@ class RunCheckpoints:
             next_step,
             self.scheduler.get_last_lr()[0],
         )
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (python, numpy, torch CPU and the current CUDA device)."""
+    import random
+
+    import numpy as np
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

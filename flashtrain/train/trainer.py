@@ -27,32 +27,19 @@ import torch
 from torch.profiler import record_function
 
 from flashtrain.data import build_data
-from flashtrain.train.config import (
-    BatchPlan,
-    ConfigError,
-    batch_plan,
-    config_dict,
-    config_yaml,
-    validate_config,
-)
-from flashtrain.train.context_parallel import (
-    ContextParallel,
-    planned_context_parallel,
-    setup_context_parallel,
-)
+from flashtrain.train.config import ConfigError, config_dict, config_yaml, validate_config
 from flashtrain.train.cpu_estimate import estimate_cpu_step_time, refuse_slow_cpu_run
 from flashtrain.train.distributed import (
     DistEnv,
     all_reduce_sum,
     broadcast_object,
     resolve_precision,
-    resolve_strategy,
     setup_distributed,
     teardown_distributed,
     unwrap,
     wrap_model,
 )
-from flashtrain.train.dry_run import assumed_world_line, memory_for, memory_lines, planned_world
+from flashtrain.train.dry_run import dry_run_plan, plan_world
 from flashtrain.train.errors import from_config
 from flashtrain.train.evaluation import evaluate_model
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
@@ -144,15 +131,8 @@ class Trainer:
             log.setLevel(logging.WARNING)
         self.dry_run = t.max_steps == 0
         # A dry run plans for the world its config needs when this one cannot run it.
-        self.world_size = env.world_size
-        if self.dry_run:
-            self.world_size = planned_world(env.world_size, t.context_parallel)
-        self.strategy = resolve_strategy(t.strategy, self.world_size)
-        self.plan: BatchPlan = batch_plan(cfg, self.world_size, t.context_parallel)
-        if self.world_size == env.world_size:
-            self.cp: ContextParallel = setup_context_parallel(cfg, env)
-        else:
-            self.cp = planned_context_parallel(cfg, self.world_size)
+        world = plan_world(cfg, env, self.dry_run)
+        self.world_size, self.strategy, self.plan, self.cp = world
         self.precision = resolve_precision(t.precision, env.device, self.strategy)
         self.run_dir = Path(
             broadcast_object(str(Path(run_dir).absolute()) if env.is_main else None)
@@ -197,11 +177,11 @@ class Trainer:
             t.compile if isinstance(t.compile, bool) else env.device.type == "cuda"
         )
         self.memory: MemoryEstimate | None = None  # a dry run's per-GPU estimate
-        if self.dry_run:
-            self.memory = memory_for(model, t, self.plan, self.strategy, t.precision)
-        self._print_summary(model if self.dry_run else None)
-        if self.dry_run:  # nothing more: no weights, no data (no tokenizer, no generation)
+        if self.dry_run:  # the plan and the memory it needs; no weights, no data, no tokenizer
+            self.memory, plan_lines = dry_run_plan(model, world, env.world_size, t)
+            self._print_summary(model, plan_lines)
             return
+        self._print_summary()
         if self.cpu_step_estimate is not None and not t.allow_slow_cpu:
             refuse_slow_cpu_run(
                 self.cpu_step_estimate, flops_per_step, t.max_steps, t.cpu_step_time_limit_s
@@ -281,9 +261,9 @@ class Trainer:
         data = self.choices.get("data") or self.cfg.data.name
         return f"{model}-{data}-{self.cfg.seq_len}"
 
-    def _print_summary(self, model: torch.nn.Module | None = None) -> None:
-        """The resolved config, the model (when given: a dry run), sizes, FLOPs and the batch
-        plan; everything here is known before any data is touched."""
+    def _print_summary(self, model: torch.nn.Module | None = None, plan_lines=()) -> None:
+        """The resolved config, sizes, FLOPs and the batch plan; a dry run's model and
+        `plan_lines` (dry_run_plan); everything here is known before any data is touched."""
         if not self.env.is_main:
             return
         cfg, plan, env, t = self.cfg, self.plan, self.env, self.cfg.trainer
@@ -309,10 +289,7 @@ class Trainer:
             f"{self.precision}  world: {self.world_size}  compiled blocks: "
             f"{'yes' if self.compile_blocks else 'no'}"
         )
-        if model is not None:  # a dry run: the memory the planned world needs per GPU
-            assumed = assumed_world_line(env.world_size, self.world_size, t.context_parallel)
-            lines += [assumed] if assumed else []
-            lines += memory_lines(self.memory, model, plan, self.strategy)
+        lines += plan_lines  # a dry run: the planned world, the memory it needs per GPU
         peak = f"{format_count(self.peak.flops)}FLOP/s" if self.peak.flops else "unknown"
         lines.append(f"peak: {peak} ({self.peak.source})")
         if self.cpu_step_estimate is not None:

@@ -37,6 +37,7 @@ WORKER = textwrap.dedent(
         from torch.distributed.fsdp import fully_shard
         from flashtrain.train import checkpoint as ckpt
         from flashtrain.train import checkpoint_manifest
+        from flashtrain.train.checkpoint_save import save_checkpoint
 
         torch.manual_seed(0)
         model = Net()
@@ -51,7 +52,7 @@ WORKER = textwrap.dedent(
         real_hash = checkpoint_manifest.hash_file
         read_back = []
         checkpoint_manifest.hash_file = lambda p, *a: read_back.append(p.name) or real_hash(p, *a)
-        path = ckpt.save_checkpoint(
+        path = save_checkpoint(
             root, 1, model=model, optimizer=opt, trainer_state={"step": 1},
             meta={}, sharded=True,
         )

@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from flashtrain.models import build_model, init_sources
 from flashtrain.train import checkpoint as ckpt
 from flashtrain.train.checkpoint import CheckpointError
+from flashtrain.train.checkpoint_save import save_checkpoint
 
 TINY_LLAMA = dict(
     arch="llama", n_layer=2, n_head=4, n_kv_head=2, d_model=64, d_ff=96, max_seq_len=32,
@@ -35,7 +36,7 @@ def _trained_checkpoint(cfg: dict, root, *, sharded: bool, step: int = 5):
     opt.step()
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        path = ckpt.save_checkpoint(
+        path = save_checkpoint(
             root, step, model=model, optimizer=opt, trainer_state={"step": step},
             meta={"model_config": dataclasses.asdict(model.config)}, sharded=sharded,
         )  # fmt: skip

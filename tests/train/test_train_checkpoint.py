@@ -1,4 +1,5 @@
-"""Checkpoint files: round trip, atomic writes, keep-last-K, resume resolution, bad checkpoints."""
+"""Checkpoint files: round trip, atomic writes, keep-last-K, resume resolution, bad checkpoints;
+the RNG state a checkpoint carries (run_state.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 from torch import nn
 
 from flashtrain.train import checkpoint as ckpt
+from flashtrain.train.checkpoint_save import save_checkpoint
+from flashtrain.train.run_state import rng_state, set_rng_state
 
 
 class Net(nn.Module):
@@ -40,7 +43,7 @@ def trained(seed=0, width=8, steps=2):
 
 
 def save(root, step, model, opt, keep_last=0, state=None):
-    return ckpt.save_checkpoint(
+    return save_checkpoint(
         root,
         step,
         model=model,
@@ -201,8 +204,8 @@ def test_a_directory_without_meta_is_not_a_checkpoint(tmp_path):
 
 
 def test_rng_state_round_trip():
-    state = ckpt.rng_state()
+    state = rng_state()
     expected = (random.random(), float(np.random.rand()), float(torch.rand(())))
     random.random(), np.random.rand(), torch.rand(())
-    ckpt.set_rng_state(state)
+    set_rng_state(state)
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected

@@ -55,7 +55,7 @@ def test_a_full_disk_while_writing_latest_keeps_the_complete_checkpoint(
     says the checkpoint is complete (not "the partial checkpoint was removed"), no latest.tmp."""
     import builtins
 
-    import flashtrain.train.checkpoint as checkpoint
+    import flashtrain.train.checkpoint_save as checkpoint_save
 
     monkeypatch.chdir(tmp_path)
 
@@ -82,7 +82,7 @@ def test_a_full_disk_while_writing_latest_keeps_the_complete_checkpoint(
             return FullDisk(handle)
         return handle
 
-    monkeypatch.setattr(checkpoint, "open", fill_at_the_second_latest, raising=False)
+    monkeypatch.setattr(checkpoint_save, "open", fill_at_the_second_latest, raising=False)
     ckpt_dir = tmp_path / "ckpts"
     cfg = compose(
         TINY + ["trainer.max_steps=2", "trainer.ckpt_interval=1", f"trainer.ckpt_dir={ckpt_dir}"]
