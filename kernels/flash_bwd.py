@@ -122,7 +122,7 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
             max_seqlen_q, max_seqlen_k, shapes.heads_kv, *scalars,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=atomic_dq,
             TMA=use_descriptors(cfg, q.device, q4, k4, v4, do4, dk_out, dv_out),
-            DQ_TMA=atomic_dq and reduces_through_descriptors(cfg, q.device, dq_acc),
+            DQ_TMA=atomic_dq and reduces_through_descriptors(q.device, dq_acc),
             SPLIT_GROUP=split, **constexprs,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )

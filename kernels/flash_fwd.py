@@ -44,16 +44,19 @@ def _forward_segment(acc, l_i, m_i, q, k_src, v_src, offs_m, seqlen_k, band, sco
     for t in range(segment_tiles(bounds, tables, at, seg, SPARSE, SPARSE_BLOCK, BLOCK_N)):
         start_n = tile_start(bounds, tables, at, seg, t, SPARSE, SPARSE_BLOCK, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            # Masked entries never contribute, not even as 0 * NaN (docs/attention_semantics.md):
+            # V's non-finite entries are zeroed, and a row that sees such a key gets a NaN score.
+            # Done before the scores exist, so only key_bad (BLOCK_N,) is live across q @ k^T:
+            # zeroing V beside the live (BLOCK_M, BLOCK_N) scores took 255 registers and spilled.
+            v = load_rows(v_src, start_n, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
+            v, key_bad = finite_keys(v)
         k = load_rows(k_src, start_n, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32
         if SOFTCAP or ALIBI:
             qk, _ = tile_scores(qk, offs_m[:, None], offs_n[None, :], band[0], scores, SOFTCAP, ALIBI)
         if MASKED:
             seen = allowed(offs_m[:, None], offs_n[None, :], seqlen_k, band)
-            # Masked entries never contribute, not even as 0 * NaN (docs/attention_semantics.md):
-            # V's non-finite entries are zeroed and a row that sees such a key gets a NaN score.
-            v = load_rows(v_src, start_n, MASKED, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # (BLOCK_N, BLOCK_D)
-            v, key_bad = finite_keys(v)
             qk = tl.where(seen, tl.where(key_bad[None, :], float("nan"), qk), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * pending)
         if MASKED:

@@ -6,7 +6,8 @@ Descriptors are used when the config asks for them (TileConfig.tma), Triton has
 tl.make_tensor_descriptor, the GPU is Hopper or newer (the interpreter emulates descriptors, so
 CPU tests check the same code), and every tensor meets the hardware's alignment: a 16-byte
 aligned base and 16-byte multiples for the strides that address it. Otherwise the launch takes
-the pointer path: same results, no error.
+the pointer path: same results, no error. The atomic dQ's float32 adds are decided apart
+from the loads (reduces_through_descriptors): a bulk reduce-add wherever descriptors exist.
 """
 
 import torch
@@ -51,12 +52,18 @@ def use_descriptors(cfg: TileConfig, device: torch.device, *tensors: torch.Tenso
     return True
 
 
-def reduces_through_descriptors(cfg: TileConfig, device: torch.device, *tensors: torch.Tensor) -> bool:
+def reduces_through_descriptors(device: torch.device, *tensors: torch.Tensor) -> bool:
     """Whether float32 atomic adds into `tensors` go through descriptors (bulk reduce-add, one
-    instruction per tile) rather than per-element atomics: as use_descriptors, except under the
-    interpreter, which emulates descriptor loads and stores but not their reductions (CPU tests
-    then check the per-element path; the GPU tests check this one)."""
-    return not interpreted() and use_descriptors(cfg, device, *tensors)
+    instruction per tile) rather than per-element atomics: wherever descriptors exist and the
+    tensors are aligned, whatever the config's load path. Per-element atomics hold a tile of
+    64-bit addresses in registers: at d128 (pointer loads) they took the atomic-dQ pass to 255
+    registers and a spill; the bulk reduce compiles to 238 and none (docs/kernel_compile.md).
+    Not under the interpreter, which emulates descriptor loads and stores but not their
+    reductions (CPU tests then check the per-element path; the GPU tests check this one)."""
+    if interpreted() or not (available(device) and aligned(*tensors)):
+        return False
+    _ensure_scratch_allocator()
+    return True
 
 
 _allocator_set = False

@@ -295,9 +295,10 @@ def _forward_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> Til
 def _dkdv_rule(block_d: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
     """128 held key rows, 32 streamed query rows: every product has 128 rows (the atomic-dQ one
     transposed), so all run on wgmma, without spills at d <= 128 on sm_90 in both backward
-    modes; 64-row query tiles spill. Descriptor loads (and the atomic dQ as a bulk reduce-add)
-    at d64; pointer loads at d128, where Triton 3.6 spills with descriptors in the atomic-dQ
-    pass (docs/kernel_compile.md)."""
+    modes; 64-row query tiles spill. Descriptor loads at d64; pointer loads at d128, where
+    Triton 3.6 spills with descriptors in the atomic-dQ pass. The atomic dQ is a bulk
+    reduce-add wherever descriptors exist, whatever the load path (flashtrain.kernels.tma;
+    docs/kernel_compile.md)."""
     capability = gpu_capability(device)
     if capability is None:
         return TileConfig(16, 32, block_d, 4, 1)

@@ -18,7 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 # 6 deterministic attention launches (forward, preprocess, dK/dV, dQ), 5 with the atomic-dQ
 # backward (forward, preprocess, dK/dV with dQ) and 2 dropout-mask launches
 FEATURE_KERNELS = 6 * 4 + 5 * 3 + 2
-SPILL_OUTSIDE_LOOPS = 64  # bytes; see _assert_hopper_defaults
 MAIN_KERNELS = ("flash_forward_kernel", "flash_backward_dkdv_kernel", "flash_backward_dq_kernel")
 
 
@@ -55,17 +54,26 @@ def test_sass_facts_find_the_shortest_tensor_core_loop():
     assert sass_facts(sass) == dict(wgmma=2, mma_sync=1, main_loop=3, loop_spills=1)
 
 
+def _spill_allowed(line: dict) -> int:
+    """Bytes a default launch may spill: none, except under Triton 3.6 (the GPU machines'),
+    whose d128 block-sparse forward spills 8 bytes once per program, outside its loops, at 255
+    registers (docs/kernel_compile.md "The masking rule's cost")."""
+    import triton
+
+    old_triton = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9)
+    sparse_d128_forward = ("d128" in line["launch"] and "sparse" in line["launch"]
+                           and line["kernel"] == "flash_forward_kernel")  # fmt: skip
+    return 8 if old_triton and sparse_d128_forward else 0
+
+
 def _assert_hopper_defaults(lines: list[dict]) -> None:
     """The goal of issue 20 for the default launches (docs/kernel_compile.md): every product on
-    wgmma, no spill in any main loop, the forward with descriptor loads and >= 3 stages. The
-    masking rule for non-finite inputs (docs/attention_semantics.md) costs a few spilled
-    registers outside the loops (at most SPILL_OUTSIDE_LOOPS bytes: 8 in the forward, 48 in the
-    atomic dK/dV at bf16 d128 under Triton 3.9); without it every kernel spilled 0."""
+    wgmma, no spill (but _spill_allowed), the forward with descriptor loads and >= 3 stages."""
     main = [line for line in lines if line["kernel"] in MAIN_KERNELS]
     assert main
     for line in main:
         assert line["mma_sync"] == 0 and line["wgmma"] > 0, line
-        assert line["loop_spills"] == 0 and line["spill"] <= SPILL_OUTSIDE_LOOPS, line
+        assert line["loop_spills"] == 0 and line["spill"] <= _spill_allowed(line), line
         if line["kernel"] == "flash_forward_kernel":
             assert line["loads"] == "tma" and line["stages"] >= 3, line
 
