@@ -22,7 +22,9 @@ def lm_batch(rows: np.ndarray, eos_id: int | None = None) -> dict:
     """rows (B, T + 1) token ids -> input_ids (B, T) and labels (B, T) = the next tokens; with
     eos_id (document masking), also the documents' cu_seqlens, max_seqlen and position_ids."""
     rows = torch.from_numpy(rows.astype(np.int64))
-    batch = {"input_ids": rows[:, :-1].contiguous(), "labels": rows[:, 1:].contiguous()}
+    # clones, not .contiguous(): a one-row slice is already contiguous, and input_ids and labels
+    # would then share memory (an in-place edit of the labels would change the inputs)
+    batch = {"input_ids": rows[:, :-1].clone(), "labels": rows[:, 1:].clone()}
     if eos_id is not None:
         batch.update(document_fields(batch["input_ids"], eos_id))
     return batch

@@ -8,6 +8,7 @@ import torch
 from data_testing import lm_config
 
 from flashtrain.data import build_data
+from flashtrain.data.lm import lm_batch
 from flashtrain.data.sampling import EpochSampler
 
 SEQ, BATCH = 31, 4
@@ -124,3 +125,15 @@ def test_validation_is_identical_each_call_and_split_across_ranks(cfg):
 def test_sampler_without_enough_items_for_every_rank_is_refused():
     with pytest.raises(ValueError, match="fewer than world_size"):
         EpochSampler(3, seed=0, rank=0, world_size=4)
+
+
+@pytest.mark.parametrize("batch_rows", [1, 3])
+def test_lm_batch_inputs_and_labels_own_their_memory(batch_rows):
+    """A one-row slice is already contiguous: labels must still not be a view of the inputs, or
+    masking a label in place would change the next input token."""
+    rows = np.arange(batch_rows * 9, dtype=np.int32).reshape(batch_rows, 9)
+    batch = lm_batch(rows)
+    assert torch.equal(batch["input_ids"], torch.from_numpy(rows[:, :-1].astype(np.int64)))
+    assert torch.equal(batch["labels"], torch.from_numpy(rows[:, 1:].astype(np.int64)))
+    batch["labels"][:, 0] = -100
+    assert torch.equal(batch["input_ids"], torch.from_numpy(rows[:, :-1].astype(np.int64)))
