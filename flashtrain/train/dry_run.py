@@ -20,8 +20,15 @@ from flashtrain.train.context_parallel import (
 )
 from flashtrain.train.distributed import DistEnv, resolve_strategy
 from flashtrain.train.memory_estimate import MemoryEstimate, estimate_memory, gib
+from flashtrain.train.metrics import lookup_gpu_peak
+from flashtrain.utils import format_count
 
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# What the step-time prediction assumes when the dry run has no GPU to ask: the card the
+# presets are sized for, at a utilisation a tuned long-context run reaches (the GPU suite
+# measures the real one: docs/benchmarks.md).
+ASSUMED_GPU = "H100"
+ASSUMED_MFU = 0.40
 
 
 def planned_world(world_size: int, context_parallel: int) -> int:
@@ -100,14 +107,40 @@ def memory_for(
 
 
 def dry_run_plan(
-    model: Any, world: World, launched: int, trainer_cfg: Any
+    model: Any,
+    world: World,
+    launched: int,
+    trainer_cfg: Any,
+    flops_per_token: float,
+    gpu_name: str | None,
 ) -> tuple[MemoryEstimate, list[str]]:
     """A dry run's memory estimate of `model` in `world`, and the summary's lines for it: the
-    planned world first when it is not the `launched` one."""
+    planned world first when it is not the `launched` one, the predicted GPU step time last.
+    gpu_name: this process's GPU, or None (the prediction then assumes ASSUMED_GPU)."""
     memory = memory_for(model, trainer_cfg, world.plan, world.strategy, trainer_cfg.precision)
     assumed = assumed_world_line(launched, world.size, trainer_cfg.context_parallel)
     lines = memory_lines(memory, model, world.plan, world.strategy)
+    precision = estimate_precision(trainer_cfg.precision)
+    lines.append(gpu_step_line(flops_per_token, world.plan, precision, gpu_name))
     return memory, ([assumed] if assumed else []) + lines
+
+
+def gpu_step_line(
+    flops_per_token: float, plan: BatchPlan, precision: str, gpu_name: str | None
+) -> str:
+    """The step time on the planned GPUs at ASSUMED_MFU of the card's dense peak: a dry run on a
+    CPU says what the GPUs would take, not what this CPU would (that line is about this CPU)."""
+    name = gpu_name or ASSUMED_GPU
+    peak = lookup_gpu_peak(name, precision)
+    if peak is None:
+        return f"time per step on the planned GPUs: unknown ({name!r} is not in the peak table)"
+    seconds = flops_per_token * plan.tokens_per_step / (plan.world_size * peak * ASSUMED_MFU)
+    per_gpu = plan.tokens_per_step / plan.world_size / seconds
+    return (
+        f"time per step on the planned GPUs (prediction, not a measurement: {ASSUMED_MFU:.0%} MFU "
+        f"of {plan.world_size} x {name} at {format_count(peak)}FLOP/s {precision}): ~{seconds:.1f} s, "
+        f"{format_count(per_gpu)} tokens/s per GPU"
+    )
 
 
 def memory_lines(m: MemoryEstimate, model: Any, plan: BatchPlan, strategy: str) -> list[str]:

@@ -178,7 +178,10 @@ class Trainer:
         )
         self.memory: MemoryEstimate | None = None  # a dry run's per-GPU estimate
         if self.dry_run:  # the plan and the memory it needs; no weights, no data, no tokenizer
-            self.memory, plan_lines = dry_run_plan(model, world, env.world_size, t)
+            gpu = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else None
+            self.memory, plan_lines = dry_run_plan(
+                model, world, env.world_size, t, self.flops_per_token, gpu
+            )
             self._print_summary(model, plan_lines)
             return
         self._print_summary()

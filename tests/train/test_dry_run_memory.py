@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from flashtrain.train.dry_run import planned_world
+from flashtrain.train.config import BatchPlan
+from flashtrain.train.dry_run import gpu_step_line, planned_world
 from flashtrain.train.memory_estimate import activation_bytes_per_token, block_activation_bytes
 
 
@@ -39,3 +40,16 @@ def test_dry_run_recomputation_keeps_block_inputs_and_one_working_set():
     )
     with pytest.raises(ValueError, match="recomputed=5 blocks of 4"):
         activation_bytes_per_token(4, d, block, 5)
+
+
+def test_dry_run_predicts_the_gpu_step_time_at_the_stated_utilisation():
+    """8 GPUs, 2 data-parallel groups of 4 (context parallel), 2 micro-batches of 1 at 64K: 4
+    sequences = 262,144 tokens a step; at 1 GFLOP a token and 40% of an H100's 989.4 TFLOP/s
+    bf16 that is 262,144e9 / (8 x 395.76e12) = 0.083 s, 395.76K tokens/s per GPU."""
+    plan = BatchPlan(seq_len=65536, micro_batch_size=1, world_size=8, grad_accum=2,
+                     context_parallel=4)  # fmt: skip
+    line = gpu_step_line(1e9, plan, "bf16", None)
+    assert "40% MFU of 8 x H100 at 989.40TFLOP/s bf16): ~0.1 s, 395.76K tokens/s per GPU" in line
+    assert "prediction, not a measurement" in line
+    assert gpu_step_line(1e9, plan, "fp32", "NVIDIA A100-SXM4-80GB").endswith("per GPU")
+    assert "not in the peak table" in gpu_step_line(1e9, plan, "bf16", "Some Future GPU")

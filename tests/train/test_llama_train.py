@@ -178,6 +178,10 @@ def test_every_llama_preset_dry_runs(tmp_path, caplog):
             assert f"micro 1 x 1 data-parallel groups of {cp} ranks" in text, preset
         memory = out["memory_per_gpu"]
         assert f"memory per GPU (estimate: {cp} GPUs, " in text, preset
+        assert (
+            f"time per step on the planned GPUs (prediction, not a measurement: 40% MFU of {cp} x H100"
+            in text
+        ), preset
         shards = cp if cfg.trainer.strategy == "fsdp" else 1
         assert memory["states"] == 16 * out["params"] / shards, preset
         assert 0 < memory["activations"] and memory["states"] + memory["activations"] < 80e9
