@@ -43,7 +43,7 @@ def load_checkpoint_model(
 ) -> tuple[TransformerModel, CheckpointInfo]:
     """The model saved in checkpoint `path` (a step folder, a checkpoints folder or a run
     directory: its newest intact checkpoint), on CPU in eval mode, in the dtype the model is built
-    in (float32, as the trainer keeps its weights; the saved values are copied in)."""
+    in (float32, as the trainer keeps its weights; saved tensors of another dtype are converted)."""
     step_dir = resolve_checkpoint(path)
     meta = read_meta(step_dir)
     if not meta.get("model_config"):
@@ -52,8 +52,7 @@ def load_checkpoint_model(
     state, _ = read_model_state(step_dir)
     with torch.device("meta"):
         model = build_model(cfg, attention)
-    model.to_empty(device="cpu")
-    model.load_state_dict(state, strict=True)
+    model.adopt_state_dict(state)  # the read tensors become the weights: no second copy
     run_config = {}
     if (step_dir / CONFIG).is_file():
         run_config = OmegaConf.to_container(OmegaConf.load(step_dir / CONFIG), resolve=False)

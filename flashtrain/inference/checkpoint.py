@@ -125,17 +125,13 @@ def load_for_inference(
     config = OmegaConf.load(config_file)
     model_cfg = OmegaConf.to_container(config.model, resolve=True)
     model_cfg["init_from"] = None  # the checkpoint's weights replace any initial ones
-    trained_len = model_cfg.get("max_seq_len")
     if max_seq_len is not None:
         model_cfg["max_seq_len"] = max_seq_len
     with torch.device("meta"):
         model = build_model(model_cfg, OmegaConf.to_container(config.attention, resolve=True))
-    model.to_empty(device="cpu")
     state, _ = read_model_state(ckpt_dir)
-    if max_seq_len is not None and max_seq_len != trained_len:  # learned positions resized
-        model.load_state_dict_extended(state, mode=position_mode, strict=True)
-    else:
-        model.load_state_dict(state, strict=True)
+    model.adopt_state_dict(state, mode=position_mode)  # learned positions resized if longer
+    del state
     model.to(device).eval()
     run_dir = ckpt_dir.parent.parent
     commit = read_run_info(run_dir).get("commit") or meta.get("commit") or "unknown"

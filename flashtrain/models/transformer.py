@@ -213,6 +213,20 @@ class TransformerModel(nn.Module):
         state = resize_position_tables(state_dict, self.state_dict(), self.position_tables, mode)
         return self.load_state_dict(state, strict=strict)
 
+    def adopt_state_dict(self, state_dict: dict, mode: str = "interpolate") -> None:
+        """Fill a model built on the meta device with a checkpoint's weights by taking the
+        tensors themselves (load_state_dict's assign), not copying them into allocated ones: an
+        8B model's weights sit in host memory once, not twice. Entries are converted to the
+        model's dtypes where the saved ones differ; positional tables resized as by
+        load_state_dict_extended. Strict: every name must match."""
+        own = self.state_dict()  # meta tensors: names, shapes, dtypes
+        state = resize_position_tables(state_dict, own, self.position_tables, mode)
+        state = {
+            name: value.to(own[name].dtype) if name in own else value
+            for name, value in state.items()
+        }
+        self.load_state_dict(state, strict=True, assign=True)
+
 
 def normal_init_(module: nn.Module, std: float = 0.02) -> None:
     """N(0, std) weights for Linear and Embedding, zero biases, LayerNorm to (1, 0)."""

@@ -60,3 +60,25 @@ def test_a_longer_context_tiles_the_learned_positions(tmp_path, sharded):
     for name, value in want.items():
         if name != "wpe.weight":
             assert torch.equal(got[name], value), name
+
+
+def test_the_weights_are_held_once(tmp_path, monkeypatch):
+    """The model takes the tensors the checkpoint was read into (no second copy of the weights in
+    host memory): each parameter's storage is the one read_model_state returned."""
+    import flashtrain.inference.checkpoint as inference_checkpoint
+
+    _saved_run(tmp_path, sharded=False)
+    read, read_model_state = {}, inference_checkpoint.read_model_state
+
+    def reading(path):  # the real reader, remembering what it returned
+        state, step_dir = read_model_state(path)
+        read.update(state)
+        return state, step_dir
+
+    monkeypatch.setattr(inference_checkpoint, "read_model_state", reading)
+    model = load_for_inference(tmp_path).model
+    params = dict(model.named_parameters())
+    assert params.keys() == read.keys()
+    for name, param in params.items():
+        assert param.data_ptr() == read[name].data_ptr(), name
+        assert param.requires_grad and param.device.type == "cpu", name
