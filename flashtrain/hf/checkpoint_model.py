@@ -52,7 +52,7 @@ def load_checkpoint_model(
     state, _ = read_model_state(step_dir)
     with torch.device("meta"):
         model = build_model(cfg, attention)
-    model.adopt_state_dict(state)  # the read tensors become the weights: no second copy
+    model.load_state_dict_extended(state, assign=True)  # the tensors read: no second copy
     run_config = {}
     if (step_dir / CONFIG).is_file():
         run_config = OmegaConf.to_container(OmegaConf.load(step_dir / CONFIG), resolve=False)

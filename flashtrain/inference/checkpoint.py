@@ -130,7 +130,8 @@ def load_for_inference(
     with torch.device("meta"):
         model = build_model(model_cfg, OmegaConf.to_container(config.attention, resolve=True))
     state, _ = read_model_state(ckpt_dir)
-    model.adopt_state_dict(state, mode=position_mode)  # learned positions resized if longer
+    # the model takes the tensors read (no second copy); learned positions resized if longer
+    model.load_state_dict_extended(state, mode=position_mode, assign=True)
     del state
     model.to(device).eval()
     run_dir = ckpt_dir.parent.parent

@@ -207,25 +207,20 @@ class TransformerModel(nn.Module):
 
     # ---- longer context from a shorter checkpoint
 
-    def load_state_dict_extended(self, state_dict: dict, mode: str = "interpolate", strict=True):
+    def load_state_dict_extended(
+        self, state_dict: dict, mode: str = "interpolate", strict=True, assign=False
+    ):
         """load_state_dict, first resizing positional tables whose length differs from this
-        model's (positions.resize_position_tables: mode "interpolate" or "copy")."""
-        state = resize_position_tables(state_dict, self.state_dict(), self.position_tables, mode)
-        return self.load_state_dict(state, strict=strict)
+        model's (positions.resize_position_tables: mode "interpolate" or "copy").
 
-    def adopt_state_dict(self, state_dict: dict, mode: str = "interpolate") -> None:
-        """Fill a model built on the meta device with a checkpoint's weights by taking the
-        tensors themselves (load_state_dict's assign), not copying them into allocated ones: an
-        8B model's weights sit in host memory once, not twice. Entries are converted to the
-        model's dtypes where the saved ones differ; positional tables resized as by
-        load_state_dict_extended. Strict: every name must match."""
-        own = self.state_dict()  # meta tensors: names, shapes, dtypes
+        assign=True, for a model built on the meta device: the model takes the tensors
+        themselves instead of copying them into allocated ones (an 8B model's weights sit in
+        host memory once, not twice), each converted to the model's dtype where it differs."""
+        own = self.state_dict()
         state = resize_position_tables(state_dict, own, self.position_tables, mode)
-        state = {
-            name: value.to(own[name].dtype) if name in own else value
-            for name, value in state.items()
-        }
-        self.load_state_dict(state, strict=True, assign=True)
+        if assign:
+            state = {k: v.to(own[k].dtype) if k in own else v for k, v in state.items()}
+        return self.load_state_dict(state, strict=strict, assign=assign)
 
 
 def normal_init_(module: nn.Module, std: float = 0.02) -> None:
