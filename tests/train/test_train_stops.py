@@ -23,6 +23,21 @@ from flashtrain.train.checkpoint import find_checkpoints, verify_checkpoint
 from flashtrain.train.entry import EXIT_INTERRUPTED, EXIT_NO_SPACE
 
 
+def _run_onto_a_full_disk(tmp_path, caplog) -> tuple[Path, str]:
+    """Two steps, a checkpoint after each, the disk filling as the test arranged: exit 4 and one
+    error line. Returns (the checkpoints folder, that line)."""
+    ckpt_dir = tmp_path / "ckpts"
+    cfg = compose(
+        TINY + ["trainer.max_steps=2", "trainer.ckpt_interval=1", f"trainer.ckpt_dir={ckpt_dir}"]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(cfg)
+    assert exit_info.value.code == EXIT_NO_SPACE
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "\n" not in errors[0], errors
+    return ckpt_dir, errors[0]
+
+
 def test_a_full_disk_while_saving_is_one_line_and_exit_4(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     real_write = HashingWriter.write
@@ -34,16 +49,8 @@ def test_a_full_disk_while_saving_is_one_line_and_exit_4(tmp_path, monkeypatch, 
         return real_write(self, data)
 
     monkeypatch.setattr(HashingWriter, "write", write)
-    ckpt_dir = tmp_path / "ckpts"
-    cfg = compose(
-        TINY + ["trainer.max_steps=2", "trainer.ckpt_interval=1", f"trainer.ckpt_dir={ckpt_dir}"]
-    )
-    with pytest.raises(SystemExit) as exit_info:
-        main(cfg)
-    assert exit_info.value.code == EXIT_NO_SPACE
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1 and "\n" not in errors[0], errors
-    assert f"no space left on the device writing checkpoint {ckpt_dir / 'step_000002'}" in errors[0]
+    ckpt_dir, error = _run_onto_a_full_disk(tmp_path, caplog)
+    assert f"no space left on the device writing checkpoint {ckpt_dir / 'step_000002'}" in error
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step_000001"]
     verify_checkpoint(ckpt_dir / "step_000001")  # the earlier checkpoint intact
 
@@ -83,20 +90,11 @@ def test_a_full_disk_while_writing_latest_keeps_the_complete_checkpoint(
         return handle
 
     monkeypatch.setattr(checkpoint_save, "open", fill_at_the_second_latest, raising=False)
-    ckpt_dir = tmp_path / "ckpts"
-    cfg = compose(
-        TINY + ["trainer.max_steps=2", "trainer.ckpt_interval=1", f"trainer.ckpt_dir={ckpt_dir}"]
-    )
-    with pytest.raises(SystemExit) as exit_info:
-        main(cfg)
-    assert exit_info.value.code == EXIT_NO_SPACE
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1 and "\n" not in errors[0], errors
+    ckpt_dir, error = _run_onto_a_full_disk(tmp_path, caplog)
     assert (
-        f"writing {ckpt_dir / 'latest'}: checkpoint {ckpt_dir / 'step_000002'} is complete"
-        in errors[0]
+        f"writing {ckpt_dir / 'latest'}: checkpoint {ckpt_dir / 'step_000002'} is complete" in error
     )
-    assert "partial checkpoint was removed" not in errors[0]
+    assert "partial checkpoint was removed" not in error
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step_000001", "step_000002"]
     assert (ckpt_dir / "latest").read_text().strip() == "step_000001"
     verify_checkpoint(ckpt_dir / "step_000002")
