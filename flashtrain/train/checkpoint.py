@@ -286,15 +286,20 @@ def load_checkpoint(
 
 
 def read_model_state(
-    path: str | os.PathLike, *, allow_unverified: bool = False
+    path: str | os.PathLike, *, allow_unverified: bool = False, collective: bool = False
 ) -> tuple[dict[str, torch.Tensor], Path]:
     """The model weights saved in checkpoint `path` (a step folder, or a checkpoints folder: its
     newest intact checkpoint), every file checked against its checksum first; read in this
     process without a process group, whatever the format: "torch" from model_optim.pt, "dcp"
     (FSDP2) the model's entries of every rank's shards, the optimizer's left unread. On CPU, in
     the saved shapes and dtypes, by the names get_model_state_dict gives (the model's own).
+    collective: every rank of the process group calls this (model.init_from): rank 0 finds and
+    checks the checkpoint once, as a resume does, and every rank reads what it found.
     Returns (state, the checkpoint directory read)."""
-    step_dir = resolve_resume(str(path), path, allow_unverified=allow_unverified)
+    if collective:
+        step_dir = _resolved_on_rank_0(path, allow_unverified)
+    else:
+        step_dir = resolve_resume(str(path), path, allow_unverified=allow_unverified)
     if step_dir is None:
         raise CheckpointError(f"no checkpoint at {path}")
     fmt = read_meta(step_dir)["format"]
@@ -311,6 +316,21 @@ def read_model_state(
         _dcp_load(step_dir, {"model": model_state}, no_dist=True)
         return model_state, step_dir
     raise CheckpointError(f"checkpoint {step_dir} has unknown format {fmt!r}")
+
+
+def _resolved_on_rank_0(path: str | os.PathLike, allow_unverified: bool) -> Path | None:
+    """resolve_resume(path) on rank 0 (its files hashed there once, not on every rank), the
+    answer or the error broadcast to every rank (a no-op without a process group)."""
+    found = error = None
+    if is_main_process():
+        try:
+            found = resolve_resume(str(path), path, allow_unverified=allow_unverified)
+        except CheckpointError as e:
+            error = e
+    error, found = broadcast_object((error, str(found) if found else None))
+    if error is not None:
+        raise error
+    return Path(found) if found else None
 
 
 def _dcp_model_entries(path: Path) -> dict:

@@ -3,7 +3,8 @@ trainer wrote, a step folder (step_NNNNNN/) or a checkpoints folder (its newest 
 checkpoint), in either format: "torch" (single process, DDP) or "dcp" (FSDP2's sharded
 checkpoints, which have no model_optim.pt). Registered as the models' folder source on import
 (flashtrain/models/init_sources.py); read by checkpoint.read_model_state, which checks every file
-against its checksum first. Only the model is read: optimizer and schedule start afresh.
+against its checksum first (under torchrun on rank 0, once). Only the model is read: optimizer
+and schedule start afresh.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def checkpoint_init_state(ref: str, model: torch.nn.Module) -> dict[str, torch.T
     model.init_from when there is none, or it is damaged)."""
     path = Path(ref).expanduser()
     try:
-        state, step_dir = read_model_state(path)
+        # every rank builds the model: rank 0 checks the files once, all read them
+        state, step_dir = read_model_state(path, collective=True)
     except UnverifiedCheckpointError as e:
         raise CheckpointError(
             f"model.init_from={ref}: the checkpoint has no checksums (an older format), so its "

@@ -7,11 +7,16 @@ are read back independently: torch's own dcp_to_torch_save, or the model that wa
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from train_testing import free_port, subprocess_env
 
 from flashtrain.models import build_model, init_sources
 from flashtrain.train import checkpoint as ckpt
@@ -121,3 +126,51 @@ def test_a_folder_needs_the_trainer_imported(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="is a folder: .* read by flashtrain.train"):
         init_sources.init_source_for(str(tmp_path))
     assert init_sources.init_source_for(str(tmp_path / "model.pt")) is None
+
+
+RANKS_WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def main(rank, step_dir, port, out):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        from flashtrain.models import build_model
+        from flashtrain.train import checkpoint_manifest
+
+        hashed = []
+        real_hash = checkpoint_manifest.hash_file
+        checkpoint_manifest.hash_file = lambda p, *a: hashed.append(p.name) or real_hash(p, *a)
+        cfg = json.loads(os.environ["MODEL_CFG"])
+        model = build_model({**cfg, "init_from": step_dir}, "sdpa")
+        state = {k: v.tolist() for k, v in model.state_dict().items()}
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump({"hashed": hashed, "state": state}, f)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.start_processes(main, args=(sys.argv[1], int(sys.argv[2]), sys.argv[3]), nprocs=2,
+                           start_method="fork")
+    """
+)
+
+
+def test_under_torchrun_rank_0_alone_checks_the_files(tmp_path):
+    """Every rank builds the model and reads the weights, but the checkpoint's files are hashed
+    once, on rank 0 (as a resume does), not once per rank."""
+    saved, step_dir = _trained_checkpoint(TINY_GPT2, tmp_path / "ckpts", sharded=False)
+    env = {**subprocess_env(), "MODEL_CFG": json.dumps(TINY_GPT2)}
+    res = subprocess.run(
+        [sys.executable, "-c", RANKS_WORKER, str(step_dir), str(free_port()), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    listed = sorted(json.loads((step_dir / "meta.json").read_text())["files"])
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(ranks[0]["hashed"]) == listed and ranks[1]["hashed"] == []
+    for rank in ranks:
+        for name, value in saved.state_dict().items():
+            assert torch.equal(torch.tensor(rank["state"][name]), value), name
