@@ -27,6 +27,7 @@ from flashtrain.kernels.flash_bwd_dkdv import flash_backward_dkdv_kernel
 from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
 from flashtrain.kernels.launch_args import call_shapes, score_args, sparse_args
 from flashtrain.kernels.program import head_rows
+from flashtrain.kernels.scratch import provide_scratch_allocator
 from flashtrain.kernels.tma import reduces_through_descriptors, use_descriptors
 from flashtrain.kernels.tuning import config, launch_fitted, split_group
 
@@ -83,6 +84,7 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
 
     delta = lse.new_empty(lse.shape)
     preprocess_rows = 64
+    provide_scratch_allocator()  # in this thread: autograd's backward runs on its own
     flash_backward_preprocess[(triton.cdiv(max_seqlen_q, preprocess_rows), batch_heads_q)](
         o4, do4, delta, cu_q, *seq_strides(o4, is_varlen), *seq_strides(do4, is_varlen),
         *shapes.lse_strides, max_seqlen_q, shapes.heads_q,

@@ -30,6 +30,7 @@ from flashtrain.kernels.band import finite_keys
 from flashtrain.kernels.common import LN2, LOG2E, UNBOUNDED, dot_precision
 from flashtrain.kernels.launch_args import check_index_table
 from flashtrain.kernels.scores import tanh
+from flashtrain.kernels.scratch import provide_scratch_allocator
 from flashtrain.kernels.tuning import (
     TileConfig,
     block_d_for,
@@ -278,6 +279,7 @@ def flash_decode(q, k_cache, v_cache, out, lse, seqlens_k, *, cache_batch_idx, s
             lse_part = torch.empty(splits, batch, heads_q, seqlen_q, dtype=torch.float32,
                                    device=q.device)
             o_strides, l_strides = o_part.stride()[:4], lse_part.stride()
+        provide_scratch_allocator()  # in this thread: autograd's backward runs on its own
         flash_decode_split_kernel[(splits, row_tiles, batch * heads_kv)](
             q, k_cache, v_cache, o_part, lse_part, seqlens_k, batch_idx,
             cache_leftpad if cache_leftpad is not None else seqlens_k, slopes,

@@ -26,6 +26,7 @@ from flashtrain.kernels.dropout import dropout_keep, seed_args
 from flashtrain.kernels.launch_args import call_shapes, score_args, sparse_args
 from flashtrain.kernels.program import head_rows, program_prologue, query_tile
 from flashtrain.kernels.scores import pending_scale, tile_scores
+from flashtrain.kernels.scratch import provide_scratch_allocator
 from flashtrain.kernels.tma import use_descriptors
 from flashtrain.kernels.tuning import forward_config, launch_fitted
 from flashtrain.kernels.visit_plan import segment_tiles, tile_start
@@ -181,6 +182,7 @@ def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
     def launch(cfg):
         grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), shapes.batch * shapes.heads_q, heavy)
+        provide_scratch_allocator()  # in this thread: autograd's backward runs on its own
         flash_forward_kernel[grid](
             q4, k4, v4, o4, lse, cu_q, cu_k, slopes, seed_ptr, visits if visits is not None else lse,
             *table_tensors,

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from flashtrain.kernels.common import dot_precision
+from flashtrain.kernels.scratch import provide_scratch_allocator
 from flashtrain.kernels.tuning import interpreted, xent_tiles
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # a jit global must be a constexpr
@@ -337,6 +338,7 @@ def xent_forward(hidden, weight, bias, targets, loss, lse, argmax, *, ignore_ind
     arg_part = torch.empty((splits, n) if argmax is not None else (1,), dtype=torch.int32,
                            device=hidden.device)
     smoothing, with_argmax = label_smoothing > 0.0, argmax is not None
+    provide_scratch_allocator()  # in this thread: autograd's backward runs on its own
     xent_forward_kernel[(token_tiles, splits)](
         hidden, weight, a["bias"], targets, part, arg_part, n, v, c, *a["strides"], per_split,
         HAS_BIAS=bias is not None, SMOOTHING=smoothing, ARGMAX=with_argmax,
@@ -367,6 +369,7 @@ def _sum_splits(part, rows, c):
 def _launch_backward(kernel, cfg, grid, per_split, args, outputs, a, flags):
     n, v, c = a["n"], a["v"], a["c"]
     part = outputs[0]
+    provide_scratch_allocator()  # in this thread: autograd's backward runs on its own
     kernel[grid](
         *args, *outputs, n, v, c, *a["strides"], args[-1].stride(0), part.stride(0),
         part.stride(1), per_split, *flags["scalars"],

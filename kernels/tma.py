@@ -11,7 +11,6 @@ from the loads (reduces_through_descriptors): a bulk reduce-add wherever descrip
 """
 
 import torch
-import triton
 import triton.language as tl
 
 from flashtrain.kernels import tuning
@@ -46,10 +45,7 @@ def aligned(*tensors: torch.Tensor) -> bool:
 def use_descriptors(cfg: TileConfig, device: torch.device, *tensors: torch.Tensor) -> bool:
     """The kernels' TMA flag for a launch over `tensors` (every (.., seq, head, head_dim) tensor
     the kernel reads or writes by tiles)."""
-    if not (cfg.tma and available(device) and aligned(*tensors)):
-        return False
-    _ensure_scratch_allocator()
-    return True
+    return bool(cfg.tma and available(device) and aligned(*tensors))
 
 
 def reduces_through_descriptors(device: torch.device, *tensors: torch.Tensor) -> bool:
@@ -60,25 +56,4 @@ def reduces_through_descriptors(device: torch.device, *tensors: torch.Tensor) ->
     registers and a spill; the bulk reduce compiles to 238 and none (docs/kernel_compile.md).
     Not under the interpreter, which emulates descriptor loads and stores but not their
     reductions (CPU tests then check the per-element path; the GPU tests check this one)."""
-    if interpreted() or not (available(device) and aligned(*tensors)):
-        return False
-    _ensure_scratch_allocator()
-    return True
-
-
-_allocator_set = False
-
-
-def _ensure_scratch_allocator() -> None:
-    """Descriptors made on the device are written to a small global scratch per launch, which
-    Triton asks a process-wide allocator for (torch's caching allocator here, so CUDA graph
-    capture works)."""
-    global _allocator_set
-    if _allocator_set or interpreted():
-        return
-
-    def scratch(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device="cuda")
-
-    triton.set_allocator(scratch)
-    _allocator_set = True
+    return not interpreted() and available(device) and aligned(*tensors)

@@ -153,7 +153,9 @@ def blocksparse_sweep(args) -> list[dict]:
                 )
                 rows += [
                     dict(r, method="flashtrain dense")
-                    for r in bench_method("dense", *dense, dims, causal, args.rep, 1.0, "dense")
+                    for r in bench_method(
+                        "flashtrain", *dense, dims, causal, args.rep, 1.0, "dense"
+                    )
                 ]
                 for variant, layout in sparse_layouts(seqlen):
                     tables = layout.tables(seqlen, seqlen, causal, "cuda")

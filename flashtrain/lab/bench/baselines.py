@@ -134,10 +134,19 @@ def flex_block_mask_from_layout(layout, seqlen: int, causal: bool):
     from torch.nn.attention.flex_attention import BlockMask
 
     t = layout.tables(seqlen, seqlen, causal, "cuda")
+    # The mask_mod is the layout itself, not only the sequence bounds: a flex_attention that
+    # falls back to eager applies mask_mod alone (ignoring the block tables) and would time,
+    # and compute, dense attention.
+    blocks = layout.block_mask.to("cuda")  # (heads_mask, n_query_blocks, n_key_blocks) bool
+    heads_mask, n_query_blocks, n_key_blocks = blocks.shape
+    size = layout.block_size
 
     def mask_mod(b, h, q_idx, kv_idx):
         in_seq = kv_idx < seqlen
-        return (in_seq & (kv_idx <= q_idx)) if causal else in_seq
+        row = (q_idx // size).clamp(max=n_query_blocks - 1)
+        col = (kv_idx // size).clamp(max=n_key_blocks - 1)
+        keep = in_seq & blocks[h % heads_mask, row, col]
+        return (keep & (kv_idx <= q_idx)) if causal else keep
 
     return BlockMask.from_kv_blocks(
         t.kv_partial_count[None], t.kv_partial_index[None],

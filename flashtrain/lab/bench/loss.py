@@ -121,7 +121,7 @@ def measure_point(method: str, tokens: int, hidden: int, vocab: int, chunk_size:
     y = torch.randint(0, vocab, (tokens,), device=device)
     fn = loss_fn(method, h, w, y, chunk_size)
     if cuda:
-        m = measure.measure(fn, warmup=3, rep=rep or 20)
+        m = measure.measure(fn, warmup=3, rep=rep or 20, baseline=method == "plain")
         return {"ms": m.ms, "peak_mib": m.peak_mib, "note": m.note}
     rep = rep or (3 if tokens <= 4096 else 1)
     # Lazy initialisation (imports, thread pools, the interpreter) stays resident: do it first.

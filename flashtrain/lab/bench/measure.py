@@ -52,9 +52,17 @@ def time_ms(fn, warmup: int = 5, rep: int = 20, device=None) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(fn, warmup: int = 5, rep: int = 20, device=None) -> Measurement:
-    """Time fn and record its peak extra memory (CUDA only); OOM and unsupported backends
-    become notes."""
+def is_cuda_fault(err: BaseException) -> bool:
+    """A sticky CUDA error (illegal address, launch failure, ...): the context is dead, every later
+    launch in this process fails the same way, so a measurement must not turn it into a note."""
+    accelerator_error = getattr(torch, "AcceleratorError", ())
+    return isinstance(err, accelerator_error) or "CUDA error" in str(err)
+
+
+def measure(fn, warmup: int = 5, rep: int = 20, device=None, *, baseline: bool) -> Measurement:
+    """Time fn and record its peak extra memory (CUDA only); OOM becomes a note. A baseline's
+    RuntimeError (an SDPA backend with no kernel for these inputs) is noted "unsupported"; any
+    error in flashtrain's own op (baseline=False), and a CUDA fault anywhere, is raised."""
     cuda = _cuda(device)
     try:
         peak = None
@@ -70,7 +78,9 @@ def measure(fn, warmup: int = 5, rep: int = 20, device=None) -> Measurement:
         return Measurement(time_ms(fn, warmup, rep, device), peak)
     except torch.cuda.OutOfMemoryError:
         return Measurement(None, None, "OOM")
-    except RuntimeError as err:  # e.g. an SDPA backend that rejects these inputs
+    except RuntimeError as err:
+        if not baseline or is_cuda_fault(err):
+            raise
         return Measurement(None, None, f"unsupported: {str(err).splitlines()[0][:120]}")
     finally:
         if cuda:

@@ -56,8 +56,10 @@ def _timed(kind: str, q, k, v, rep: int, device) -> float | None:
         )
         fn = fwd if kind == "fwd" else baselines.with_backward(fwd, (q, k, v))
         try:
-            m = measure.measure(fn, rep=rep, device=device)
+            m = measure.measure(fn, rep=rep, device=device, baseline=False)
         except Exception as err:  # noqa: BLE001  (triton's OutOfResources is no RuntimeError)
+            if measure.is_cuda_fault(err):  # the context is dead: no later config can run
+                raise
             return _failed(err)
         if m.ms is None:
             return None

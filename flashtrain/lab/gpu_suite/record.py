@@ -17,6 +17,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from flashtrain.lab.bench.measure import is_cuda_fault
+
 STATE_FILE = "suite.json"
 SUMMARY_FILE = "summary.md"
 
@@ -134,6 +136,8 @@ class Section:
             self.data.setdefault("tracebacks", {})[name] = traceback.format_exc()[-3000:]
             print(f"  {name}: FAILED {type(err).__name__}: {str(err)[:200]}", flush=True)
             result = None
+            if is_cuda_fault(err):  # every later launch would fail alike: write what we have, stop
+                self.record.stop(f"CUDA fault in {self.name} / {name}")
         else:
             self.data["measured"][name] = "ok"
             rows = result if isinstance(result, list) else [result] if result else []
