@@ -243,6 +243,19 @@ def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, spar
     return config("fwd", head_dim, dtype, device, sparse_block)
 
 
+ATOMIC_DQ_MAX_BLOCK_D = 128
+
+
+def atomic_dq_exact(block_d: int) -> bool:
+    """Whether the default backward may add dQ with atomics inside the dK/dV pass. Not at
+    block_d 256 (head_dim 129-256): measured on an H200 under Triton 3.6 (benchmarks/results/
+    gpu-suite-2026-11-27-nvidia-h200/call-3), that pass's dS K product (BLOCK_D x BLOCK_M) came
+    out wrong there, NaN through the bulk reduce and off by ~4 through per-element atomics, while
+    the separate dQ kernel was exact; the interpreter computes both right, so only a GPU shows it.
+    Those head dims take the dQ kernel (what deterministic=True runs) until a fix is measured."""
+    return block_d <= ATOMIC_DQ_MAX_BLOCK_D
+
+
 _FORCED_SPLIT: list[bool] = []  # innermost `forced_group_split` value last
 
 

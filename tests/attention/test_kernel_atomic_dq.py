@@ -96,3 +96,15 @@ def test_grouped_query_split_matches_the_group_loop():
     for a, b in zip(split[2:5], loop[2:5]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         assert b.abs().max() > 0.1
+
+
+def test_head_dims_past_128_take_the_dq_kernel():
+    """At block_d 256 the atomic dQ came out wrong on an H200 (benchmarks/results/gpu-suite-
+    2026-11-27-nvidia-h200): head_dim 129-256 run the dQ kernel whatever deterministic says, so
+    dQ is bit for bit the deterministic one (it differs in summation order at d <= 128)."""
+    assert tuning.atomic_dq_exact(128) and not tuning.atomic_dq_exact(256)
+    q, k, v = _qkv((1, 70, 2, 160), (1, 70, 2, 160), torch.float32, seed=12)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(13))
+    fast = run_kernels(q, k, v, dout, scale=0.1, causal=True, deterministic=False)
+    exact = run_kernels(q, k, v, dout, scale=0.1, causal=True, deterministic=True)
+    assert torch.equal(fast[2], exact[2]) and fast[2].abs().max() > 0.1

@@ -122,6 +122,7 @@ def environment() -> dict:
         info["memory_gib"] = round(props.total_memory / 2**30, 1)
     else:
         info["device"] = "cpu"
-    # A copy of the tree without .git (a GPU machine's) names its commit in FLASHTRAIN_COMMIT
-    info["commit"] = git_commit() or os.environ.get(COMMIT_ENV, "unknown")
+    # A GPU machine's copy of the tree names its commit in FLASHTRAIN_COMMIT, which wins: the
+    # copy may carry a stale .git (2026-11-27: it named the session's first commit, "-dirty")
+    info["commit"] = os.environ.get(COMMIT_ENV) or git_commit() or "unknown"
     return info
