@@ -38,20 +38,23 @@ def sequence_bounds(CU_SEQLENS, b, fixed_len, IS_VARLEN: tl.constexpr):
 def locate_program(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads,
                    IS_VARLEN: tl.constexpr, HEAVY_FIRST: tl.constexpr):
     """Where this program works: (tile, b, head, q_start, seqlen_q, k_start, seqlen_k).
-    Grids are (tiles, batch * heads), or with HEAVY_FIRST (batch * heads, tiles) walked from the
-    last tile: causal query tiles grow heavier with their index, and the GPU starts blocks in
-    grid order, so the heaviest tiles of every head go first and the light ones fill the tail."""
+    Grids are (tiles, heads, batch) (tile_grid), or with HEAVY_FIRST (batch * heads, tiles)
+    walked from the last tile: causal query tiles grow heavier with their index, and the GPU
+    starts blocks in grid order, so the heaviest tiles of every head go first and the light ones
+    fill the tail."""
     if HEAVY_FIRST:
         pid_bh = tl.program_id(0)
         tile = tl.num_programs(1) - 1 - tl.program_id(1)
+        b = pid_bh // heads
+        h = pid_bh % heads
     else:
-        pid_bh = tl.program_id(1)
         tile = tl.program_id(0)
-    b = pid_bh // heads
+        h = tl.program_id(1)
+        b = tl.program_id(2)
     q_start, seqlen_q = sequence_bounds(CU_SEQLENS_Q, b, seqlen_q_fixed, IS_VARLEN)
     k_start, seqlen_k = sequence_bounds(CU_SEQLENS_K, b, seqlen_k_fixed, IS_VARLEN)
     # the head stays int32 (scores, seeds, tables); offsets cast it to int64 where they form
-    return tile, b, pid_bh % heads, q_start, seqlen_q, k_start, seqlen_k
+    return tile, b, h, q_start, seqlen_q, k_start, seqlen_k
 
 
 def heavy_first(window_left: int, window_right: int) -> bool:
@@ -59,9 +62,31 @@ def heavy_first(window_left: int, window_right: int) -> bool:
     return window_left >= UNBOUNDED and window_right < UNBOUNDED
 
 
-def tile_grid(tiles: int, batch_heads: int, heavy: bool) -> tuple[int, int]:
-    """The launch grid locate_program expects (HEAVY_FIRST=heavy)."""
-    return (batch_heads, tiles) if heavy else (tiles, batch_heads)
+GRID_X_MAX, GRID_YZ_MAX = 2**31 - 1, 65_535  # CUDA's limits on a launch grid's axes
+
+
+def check_grid(grid: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """`grid`, or a ValueError naming the axis past CUDA's limits (a launch would fail with an
+    opaque 'invalid argument'); `what` names each axis for the message."""
+    limits = (GRID_X_MAX, GRID_YZ_MAX, GRID_YZ_MAX)
+    for axis, (size, limit) in enumerate(zip(grid, limits)):
+        if size > limit:
+            raise ValueError(
+                f"this call needs a launch grid of {grid} ({what}); axis {'xyz'[axis]} = "
+                f"{size:,} is past CUDA's limit of {limit:,}: split the call (fewer sequences "
+                "or heads per call, or shorter sequences)"
+            )
+    return grid
+
+
+def tile_grid(tiles: int, batch: int, heads: int, heavy: bool) -> tuple[int, int, int]:
+    """The launch grid locate_program expects (HEAVY_FIRST=heavy). (tiles, heads, batch) starts
+    blocks in the order (tiles, batch * heads) would, tiles of a head together (their K/V stay
+    in L2), but keeps every axis under 65,536 until a call has that many sequences or heads: a
+    packed batch of many short documents passed it on the y axis before."""
+    if heavy:
+        return check_grid((batch * heads, tiles, 1), "batch x heads, tiles")
+    return check_grid((tiles, heads, batch), "tiles, heads, batch or sequences")
 
 
 @triton.jit

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtrain.kernels.common import locate_program
+from flashtrain.kernels.common import locate_program, tile_grid
 from flashtrain.kernels.dropout import dropout_keep, head_seed, seed_args
 from flashtrain.kernels.scratch import provide_scratch_allocator
 
@@ -59,7 +59,7 @@ def dropout_keep_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p, device,
     keep = torch.zeros(batch, heads, seqlen_q, seqlen_k, dtype=torch.int8, device=device)
     seed_ptr, seed_value, seed_in_memory = seed_args(seed, keep.device, keep)
     cu_q, cu_k = (cu_seqlens_q, cu_seqlens_k) if is_varlen else (keep, keep)  # placeholders
-    grid = (triton.cdiv(seqlen_q, _BLOCK), batch * heads)
+    grid = tile_grid(triton.cdiv(seqlen_q, _BLOCK), batch, heads, False)
     provide_scratch_allocator()  # in this thread: autograd's backward runs on its own
     dropout_mask_kernel[grid](
         keep, cu_q, cu_k, seed_ptr, keep.stride(0), keep.stride(1), keep.stride(2),

@@ -29,7 +29,7 @@ from flashtrain.kernels.launch_args import call_shapes, score_args, sparse_args
 from flashtrain.kernels.program import head_rows
 from flashtrain.kernels.scratch import provide_scratch_allocator
 from flashtrain.kernels.tma import reduces_through_descriptors, use_descriptors
-from flashtrain.kernels.tuning import config, launch_fitted, split_group
+from flashtrain.kernels.tuning import atomic_dq_exact, config, launch_fitted, split_group
 
 
 @triton.jit
@@ -64,7 +64,8 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
     """Launch the backward; shapes and arguments as flashtrain.kernels.flash_fwd.flash_forward
     (the same seed, softcap and alibi_slopes as the forward). Writes dq, dk, dv.
     deterministic: True = the atomics-free, bitwise repeatable path; False = dQ by fp32 atomics
-    inside the dK/dV kernel (faster; extra memory: a float32 copy of dq)."""
+    inside the dK/dV kernel (faster; extra memory: a float32 copy of dq) where that is exact on a
+    GPU (tuning.atomic_dq_exact: head_dim <= 128; above, the dQ kernel runs either way)."""
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic must be a bool, got {deterministic!r}")
     shapes = call_shapes(q, k, lse, cu_seqlens_q, cu_seqlens_k, v, out, dout, dq, dk, dv)
@@ -79,13 +80,13 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
     sparse = bool(tables)
     kv_tables, kv_table_strides = sparse_args(tables[:4] if sparse else None, lse)
     q_tables, q_table_strides = sparse_args(tables[4:] if sparse else None, lse)
-    batch_heads_q = shapes.batch * shapes.heads_q
     block_d = dkdv_cfg.block_d
 
     delta = lse.new_empty(lse.shape)
     preprocess_rows = 64
     provide_scratch_allocator()  # in this thread: autograd's backward runs on its own
-    flash_backward_preprocess[(triton.cdiv(max_seqlen_q, preprocess_rows), batch_heads_q)](
+    preprocess_grid = tile_grid(triton.cdiv(max_seqlen_q, preprocess_rows), shapes.batch, shapes.heads_q, False)
+    flash_backward_preprocess[preprocess_grid](
         o4, do4, delta, cu_q, *seq_strides(o4, is_varlen), *seq_strides(do4, is_varlen),
         *shapes.lse_strides, max_seqlen_q, shapes.heads_q,
         HEAD_DIM=shapes.head_dim, BLOCK_D=block_d, BLOCK_M=preprocess_rows, IS_VARLEN=is_varlen,
@@ -97,7 +98,7 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
         **score_flags, HAS_DROPOUT=dropout_p > 0.0, SEED_IN_MEMORY=seed_in_memory,
     )
     scalars = (window_left, window_right, softmax_scale, *score_scalars, dropout_p, seed_value)
-    atomic_dq = not deterministic
+    atomic_dq = not deterministic and atomic_dq_exact(block_d)
     # (B, S, Hq, D) float32, zeroed: rows no key reaches keep dQ = 0
     dq_acc = torch.zeros(dq4.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq4
 
@@ -113,7 +114,7 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
 
     def launch_dkdv(cfg):
         heads = shapes.heads_q if split else shapes.heads_kv
-        grid = (triton.cdiv(max_seqlen_k, cfg.block_n), shapes.batch * heads)
+        grid = tile_grid(triton.cdiv(max_seqlen_k, cfg.block_n), shapes.batch, heads, False)
         flash_backward_dkdv_kernel[grid](
             q4, k4, v4, do4, lse, delta, dk_out, dv_out, dq_acc, cu_q, cu_k, slopes, seed_ptr,
             *q_tables,
@@ -139,7 +140,7 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
     heavy = heavy_first(window_left, window_right)
 
     def launch_dq(cfg):
-        grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), batch_heads_q, heavy)
+        grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), shapes.batch, shapes.heads_q, heavy)
         flash_backward_dq_kernel[grid](
             q4, k4, v4, do4, lse, delta, dq4, cu_q, cu_k, slopes, seed_ptr, *kv_tables,
             *seq_strides(q4, is_varlen), *seq_strides(k4, is_varlen), *seq_strides(v4, is_varlen),

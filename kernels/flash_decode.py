@@ -26,8 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
+from flashtrain.kernels import tuning
 from flashtrain.kernels.band import finite_keys
-from flashtrain.kernels.common import LN2, LOG2E, UNBOUNDED, dot_precision
+from flashtrain.kernels.common import LN2, LOG2E, UNBOUNDED, check_grid, dot_precision
 from flashtrain.kernels.launch_args import check_index_table
 from flashtrain.kernels.scores import tanh
 from flashtrain.kernels.scratch import provide_scratch_allocator
@@ -35,7 +36,6 @@ from flashtrain.kernels.tuning import (
     TileConfig,
     block_d_for,
     fit_shared_memory,
-    interpreted,
     launch_fitted,
     max_shared_memory,
 )
@@ -50,17 +50,20 @@ def flash_decode_split_kernel(
     stride_vb, stride_vn, stride_vh,
     stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
     stride_ab, stride_ah, stride_bt, page_size,
-    seqlen_q, heads_kv, split_len, window_left, window_right,
+    seqlen_q, split_len, window_left, window_right,
     scale_log2, softcap_scale, softcap_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
     HAS_LEFTPAD: tl.constexpr, PAGED: tl.constexpr, MASKED_TILES: tl.constexpr,
 ):
+    # grid (splits, row tiles x KV heads, batch): the block order of (splits, row tiles,
+    # batch x KV heads), with z under 65,536 up to that many sequences
     split = tl.program_id(0)
-    m0 = tl.program_id(1) * BLOCK_M
-    b = tl.program_id(2) // heads_kv
-    h_kv = tl.program_id(2) % heads_kv
+    row_tiles = tl.cdiv(seqlen_q * GROUP, BLOCK_M)
+    m0 = (tl.program_id(1) % row_tiles) * BLOCK_M
+    h_kv = tl.program_id(1) // row_tiles
+    b = tl.program_id(2)
     seqlen_k = tl.load(SEQLENS_K + b)
     cache_b = tl.load(CACHE_BATCH_IDX + b) if HAS_BATCH_IDX else b
     # Offsets in int64 (docs/attention_semantics.md, "Size limits"): a head-major view puts
@@ -191,7 +194,7 @@ def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device, rows:
     the 16 tl.dot needs, at most 64), block_n the streamed key tile; sized like the forward's
     (one held tile, K and V streamed) and shrunk to the GPU's shared memory."""
     block_d = block_d_for(head_dim)
-    if interpreted() or device.type != "cuda":
+    if tuning.gpu_capability(device) is None:  # interpreter, CPU (a compile check stands in a GPU)
         return TileConfig(16, 16, block_d, 4, 1)
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
     wide = dtype == torch.float32 or block_d > 128
@@ -280,14 +283,15 @@ def flash_decode(q, k_cache, v_cache, out, lse, seqlens_k, *, cache_batch_idx, s
                                    device=q.device)
             o_strides, l_strides = o_part.stride()[:4], lse_part.stride()
         provide_scratch_allocator()  # in this thread: autograd's backward runs on its own
-        flash_decode_split_kernel[(splits, row_tiles, batch * heads_kv)](
+        grid = check_grid((splits, row_tiles * heads_kv, batch), "splits, row tiles x KV heads, batch")
+        flash_decode_split_kernel[grid](
             q, k_cache, v_cache, o_part, lse_part, seqlens_k, batch_idx,
             cache_leftpad if cache_leftpad is not None else seqlens_k, slopes,
             block_table if block_table is not None else seqlens_k,
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             *o_strides, *l_strides, *slope_strides,
             block_table.stride(0) if block_table is not None else 0, page_size,
-            seqlen_q, heads_kv, split_len, window_left, window_right, scale_log2, *cap,
+            seqlen_q, split_len, window_left, window_right, scale_log2, *cap,
             GROUP=group, HEAD_DIM=head_dim, BLOCK_D=cfg.block_d, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0.0,
             ALIBI=alibi_slopes is not None, HAS_BATCH_IDX=cache_batch_idx is not None,

@@ -181,7 +181,7 @@ def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     table_tensors, table_stride_args = sparse_args(tables[:4] if sparse else None, lse)
 
     def launch(cfg):
-        grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), shapes.batch * shapes.heads_q, heavy)
+        grid = tile_grid(triton.cdiv(max_seqlen_q, cfg.block_m), shapes.batch, shapes.heads_q, heavy)
         provide_scratch_allocator()  # in this thread: autograd's backward runs on its own
         flash_forward_kernel[grid](
             q4, k4, v4, o4, lse, cu_q, cu_k, slopes, seed_ptr, visits if visits is not None else lse,

@@ -65,6 +65,8 @@ ALLOWED = {
     "lab.prepare_data": LAB_BASE,
     "lab.make_pathfinder": LAB_BASE,
     "lab.kernel_compile": LAB_BASE,
+    # the launch contract: kernel_compile's stand-in driver, at the presets' and suite's shapes
+    "lab.launch_contract": LAB_BASE | {"lab.kernel_compile", "lab.bench", "lab.gpu_suite"},
 }
 
 

@@ -10,6 +10,7 @@ line per kernel compiled:
 
     python scripts/kernel_compile.py [--arch 90] [--launches defaults|features|decode]
                                      [--only TEXT] [--front-end-only] [--markdown FILE]
+    python scripts/kernel_compile.py --contract all   (the launch contract: launch_contract.py)
 
 --launches defaults (the default): the production launches, bf16 and fp16 x head_dim 64 and 128
 x causal or not x dense or block-sparse x both backward modes (deterministic two-kernel dQ and
@@ -35,6 +36,7 @@ without TRITON_INTERPRET set.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -83,18 +85,26 @@ class _TargetDriver:
         return torch.device("cpu")
 
 
-def install(arch: int, front_end_only: bool, compiled: list) -> None:
+def install(arch: int, front_end_only: bool, compiled: list, on_launch=None) -> None:
     """From here on, every kernel launch compiles for `arch` and appends (name, kernel) to
-    `compiled` instead of running (kernel None with front_end_only)."""
+    `compiled` instead of running (kernel None with front_end_only). on_launch(fn, grid, args,
+    kwargs, compile) -> kernel, if given, is called in the launching thread instead and decides
+    whether to compile (compile() returns the kernel): flashtrain/lab/launch_contract.py."""
     driver.set_active(_TargetDriver(arch))
     tuning.gpu_capability = lambda device: (arch // 10, arch % 10)
 
     def compile_only(self, grid):
         def launch(*args, **kwargs):
-            try:
-                kernel = self.run(*args, grid=grid, warmup=True, **kwargs)
-            except _FrontEndDone:
-                kernel = None
+            def compile_kernel():
+                try:
+                    return self.run(*args, grid=grid, warmup=True, **kwargs)
+                except _FrontEndDone:
+                    return None
+
+            if on_launch is None:
+                kernel = compile_kernel()
+            else:
+                kernel = on_launch(self, grid, args, kwargs, compile_kernel)
             compiled.append((self.__name__, kernel))
 
         return launch
@@ -179,11 +189,13 @@ def kernel_facts(kernel) -> dict:
 
 # ------------------------------------------------------------------ launches
 def attention(*, head_dim, dtype, causal=True, varlen=False, sparse=False, dropout_p=0.0, seed=5,
-              softcap=0.0, alibi=False, deterministic=True, tma=None, gqa=False):  # fmt: skip
+              softcap=0.0, alibi=False, deterministic=True, tma=None, gqa=False,
+              run_backward=lambda backward: backward()):  # fmt: skip
     """One forward and one backward launch (real shapes are irrelevant: nothing runs);
     deterministic=False: the atomic-dQ backward; tma True/False forces descriptor / pointer
     loads, None leaves the choice to the tile config; gqa: two query heads per kv head (the
-    dK/dV kernel then loops over the group), else one."""
+    dK/dV kernel then loops over the group), else one. run_backward(fn) runs the backward's
+    launches (the launch contract runs them in a fresh thread, as autograd does on a GPU)."""
     batch, seqlen, heads_q = 2, 256, 4
     heads_kv = heads_q // 2 if gqa else heads_q
     if varlen:
@@ -216,7 +228,8 @@ def attention(*, head_dim, dtype, causal=True, varlen=False, sparse=False, dropo
     forced = tuning.forced_tma(tma) if tma is not None else _nothing()
     with forced:
         flash_forward(q, k, k, out, lse, **opts)
-        flash_backward(out, q, k, k, out, lse, *grads, deterministic=deterministic, **opts)
+        run_backward(lambda: flash_backward(out, q, k, k, out, lse, *grads,
+                                            deterministic=deterministic, **opts))  # fmt: skip
 
 
 class _nothing:
@@ -227,10 +240,20 @@ class _nothing:
         return False
 
 
-def default_launches():
+def _with_backward_runner(run_backward):
+    """attention() with its backward run by run_backward (None: in the calling thread)."""
+    return (
+        attention
+        if run_backward is None
+        else functools.partial(attention, run_backward=run_backward)
+    )
+
+
+def default_launches(run_backward=None):
     """(tag, launch) of every production launch: dtype x head_dim x causal x dense/sparse x
     backward mode (one query head per kv head), built-in tiles and load path; then grouped-query
-    attention (two query heads per kv head) at bf16, causal, dense."""
+    attention (two query heads per kv head) at bf16, causal, dense. run_backward: attention's."""
+    attend = _with_backward_runner(run_backward)
     for dtype in (torch.bfloat16, torch.float16):
         for head_dim in (64, 128):
             for causal in (True, False):
@@ -244,41 +267,42 @@ def default_launches():
                             "deterministic" if deterministic else "atomic-dQ",
                         ))  # fmt: skip
                         yield tag, (lambda d=dtype, h=head_dim, c=causal, s=sparse, m=deterministic:
-                                    attention(head_dim=h, dtype=d, causal=c, sparse=s,
-                                              deterministic=m))  # fmt: skip
+                                    attend(head_dim=h, dtype=d, causal=c, sparse=s,
+                                           deterministic=m))  # fmt: skip
     for head_dim in (64, 128):  # grouped-query attention: dK/dV loops over the group
         for deterministic in (True, False):
             tag = f"bf16 d{head_dim} causal dense gqa {'deterministic' if deterministic else 'atomic-dQ'}"
-            yield tag, (lambda h=head_dim, m=deterministic: attention(
+            yield tag, (lambda h=head_dim, m=deterministic: attend(
                 head_dim=h, dtype=torch.bfloat16, deterministic=m, gqa=True))  # fmt: skip
 
 
-def feature_launches():
+def feature_launches(run_backward=None):
     """(tag, launch): every feature flag at least once, and descriptors forced on and off; two
     query heads per kv head (at d > 64 the dK/dV kernel splits the group on a GPU)."""
-    yield "dense fp16 d128", lambda: attention(gqa=True, head_dim=128, dtype=torch.float16)
+    attend = _with_backward_runner(run_backward)
+    yield "dense fp16 d128", lambda: attend(gqa=True, head_dim=128, dtype=torch.float16)
     yield (
         "dense bf16 d64 full",
-        lambda: attention(gqa=True, head_dim=64, dtype=torch.bfloat16, causal=False),
+        lambda: attend(gqa=True, head_dim=64, dtype=torch.bfloat16, causal=False),
     )
-    yield "sparse bf16 d64 pointer", lambda: attention(gqa=True,
+    yield "sparse bf16 d64 pointer", lambda: attend(gqa=True,
         head_dim=64, dtype=torch.bfloat16, sparse=True, tma=False)  # fmt: skip
-    yield "dense bf16 d128 atomic dQ pointer", lambda: attention(gqa=True,
+    yield "dense bf16 d128 atomic dQ pointer", lambda: attend(gqa=True,
         head_dim=128, dtype=torch.bfloat16, deterministic=False, tma=False)  # fmt: skip
-    yield "sparse bf16 d64 atomic dQ", lambda: attention(gqa=True,
+    yield "sparse bf16 d64 atomic dQ", lambda: attend(gqa=True,
         head_dim=64, dtype=torch.bfloat16, sparse=True, deterministic=False)  # fmt: skip
-    yield "varlen fp16 d72 softcap alibi dropout tensor-seed", lambda: attention(gqa=True,
+    yield "varlen fp16 d72 softcap alibi dropout tensor-seed", lambda: attend(gqa=True,
         head_dim=72, dtype=torch.float16, varlen=True, softcap=30.0, alibi=True, dropout_p=0.1,
         seed=torch.tensor([5]), deterministic=False)  # fmt: skip
-    yield "sparse fp32 d200 softcap alibi dropout", lambda: attention(gqa=True,
+    yield "sparse fp32 d200 softcap alibi dropout", lambda: attend(gqa=True,
         head_dim=200, dtype=torch.float32, sparse=True, softcap=5.0, alibi=True, dropout_p=0.2)  # fmt: skip
-    yield "dense bf16 d128 tma atomic dQ", lambda: attention(gqa=True,
+    yield "dense bf16 d128 tma atomic dQ", lambda: attend(gqa=True,
         head_dim=128, dtype=torch.bfloat16, deterministic=False, tma=True)  # fmt: skip
-    yield "varlen fp16 d72 tma dropout", lambda: attention(gqa=True,
+    yield "varlen fp16 d72 tma dropout", lambda: attend(gqa=True,
         head_dim=72, dtype=torch.float16, varlen=True, dropout_p=0.1, tma=True)  # fmt: skip
-    yield "sparse bf16 d64 tma", lambda: attention(gqa=True,
+    yield "sparse bf16 d64 tma", lambda: attend(gqa=True,
         head_dim=64, dtype=torch.bfloat16, sparse=True, tma=True)  # fmt: skip
-    yield "dense fp32 d256 full", lambda: attention(gqa=True,
+    yield "dense fp32 d256 full", lambda: attend(gqa=True,
         head_dim=256, dtype=torch.float32, causal=False, deterministic=False)  # fmt: skip
     yield "dropout mask", lambda: dropout_keep_mask(torch.tensor([5]), 2, 4, 100, 70, 0.2, "cpu")
     yield "dropout mask varlen int seed", lambda: dropout_keep_mask(
@@ -361,11 +385,13 @@ def _commit() -> str:
 SET_NOTES = {
     "defaults": " (causal and full launches share the backward kernels, and the forward does "
     "not depend on the backward mode).",
-    "decode": ". The split kernel's products are mma.sync, not wgmma: a decode step's tile holds "
-    "the query rows of one KV head's group (16 here, under wgmma's 64), and the 64-row tile of "
-    "the chunked prefill compiles to mma.sync too; fp32 runs without tensor cores (main_loop "
-    "0). The combine kernel merges the splits without products; a one-split launch writes its "
-    "output directly and has no combine.",
+    "decode": ". These are the tiles a GPU gets (decode_config asks tuning.gpu_capability, which "
+    "the stand-in answers; before issue 29 it got the 16 x 16 one-stage interpreter tile). The "
+    "split kernel's decode products are mma.sync, not wgmma: a decode step's tile holds the query "
+    "rows of one KV head's group (16 here, under wgmma's 64); the chunked prefill's 64-row tile "
+    "compiles to wgmma; fp32 runs without tensor cores (main_loop 0). The combine kernel merges "
+    "the splits without products; a one-split launch writes its output directly and has no "
+    "combine.",
 }
 
 
