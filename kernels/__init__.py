@@ -8,5 +8,6 @@ where a program works, a head's score and dropout parameters, its rows), common 
 sequence bounds, held tiles), band (causal/window geometry), visit_plan (which tile ranges a
 loop streams, dense or block-sparse), scores (soft-cap, ALiBi), dropout (seed and keep mask).
 Host side: launch_args (checks and kernel arguments), tuning (tile tables, attention and LM
-head), visit_counts (the forward's key-tile counts on the host, without a GPU).
+head), visit_counts (the forward's key-tile counts on the host, without a GPU), interpreter_compat
+(the interpreter of triton < 3.7 under numpy >= 2.4).
 """

@@ -4,6 +4,8 @@ On machines without CUDA the Triton kernels run through the interpreter: TRITON_
 set before triton is first imported, hence here at collection time.
 
 Nested @triton.jit calls skip the interpreter's redundant re-patching (interpreter_speed.py).
+The kernel tests launch kernels without an op's route check, so the interpreter's fix for an old
+triton under a new numpy (flashtrain.kernels.interpreter_compat) is applied here, or refused.
 
 Every test runs on one intra-op thread: the test shapes are tiny and gain nothing from more, and
 on a machine whose cores are shared, OpenMP's spinning worker threads make each small op many
@@ -22,6 +24,9 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     import interpreter_speed
 
+    from flashtrain.kernels.interpreter_compat import prepare_interpreter
+
+    prepare_interpreter()
     interpreter_speed.install()
 
 

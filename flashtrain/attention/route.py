@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from flashtrain.kernels.interpreter_compat import prepare_interpreter
+
 ROUTES = ("triton", "torch")
 CPU_ROUTE_CHOICES = ("auto", *ROUTES)  # FLASHTRAIN_CPU_ATTENTION's values
 
@@ -15,7 +17,16 @@ def route_for(device: torch.device) -> str:
     PyTorch path.
 
     FLASHTRAIN_CPU_ATTENTION=auto|triton|torch overrides the CPU choice (auto = the rule above).
+    A Triton route under TRITON_INTERPRET=1 first makes sure the interpreter can run here
+    (flashtrain.kernels.interpreter_compat), or raises RuntimeError saying what to install.
     """
+    route = _choose(device)
+    if route == "triton":
+        prepare_interpreter()  # a no-op unless TRITON_INTERPRET=1 (CUDA tensors included)
+    return route
+
+
+def _choose(device: torch.device) -> str:
     if device.type == "cuda":
         return "triton"
     choice = os.environ.get("FLASHTRAIN_CPU_ATTENTION", "auto").lower()

@@ -14,6 +14,7 @@ import os
 
 import torch
 
+from flashtrain.kernels.interpreter_compat import prepare_interpreter
 from flashtrain.models.chunked_cross_entropy import LossOptions, chunked_linear_cross_entropy
 
 FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -46,6 +47,7 @@ def linear_xent_forward(
     """Returns (loss (N,) float32, lse (N,) float32, argmax (N,) int64 or (0,))."""
     from flashtrain.kernels.linear_cross_entropy import xent_forward
 
+    prepare_interpreter()  # an old triton's interpreter under a new numpy (interpreter_compat)
     n = hidden.shape[0]
     loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
     lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -74,6 +76,7 @@ def linear_xent_backward(
     asked for (d bias comes with grad_weight); accumulated in float32, then cast."""
     from flashtrain.kernels.linear_cross_entropy import xent_backward
 
+    prepare_interpreter()
     dh, dw, db = xent_backward(grad_loss, *_operands(hidden, weight, compute_dtype), bias, targets,
                                lse, ignore_index=ignore_index, label_smoothing=label_smoothing,
                                z_loss=z_loss, grad_hidden=grad_hidden, grad_weight=grad_weight)
