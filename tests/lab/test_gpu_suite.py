@@ -1,7 +1,9 @@
 """The GPU suite (flashtrain.lab.gpu_suite) end to end on CPU with --dry-run: every section runs at
 toy sizes and streams its measurements into --out (flat, at most 8 files), a SIGINT mid-run
 leaves a valid record of what finished, a missing wheel fails only the section that needs it and
-says so, the budget skips what does not fit, and the pytest section keeps its log and junit."""
+says so, the budget skips what does not fit, and the pytest section keeps its log and junit. An
+error in flashtrain's own op fails its section (a baseline's is only a note), a CUDA fault stops
+the suite, and a section launches every shape it times in its compile phase first."""
 
 from __future__ import annotations
 
@@ -10,14 +12,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from flashtrain.lab.bench import baselines, correctness
 from flashtrain.lab.gpu_suite import cli
-from flashtrain.lab.gpu_suite.record import Record
+from flashtrain.lab.gpu_suite.record import Record, Section
 from flashtrain.lab.gpu_suite.summary import derive, summary_markdown
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,9 +94,12 @@ def test_dry_run_streams_every_section(dry_run):
     assert {(r["causal"], r["mode"]) for r in sections["long"]["rows"]} == {
         (c, m) for c in (True, False) for m in ("fwd", "bwd", "fwd_bwd")
     }
+    for name in ("correctness", "attention", "long", "sweep"):  # they launch our kernels
+        assert sections[name]["compile_seconds"] >= 0, name
     summary = (out / "summary.md").read_text()
     for piece in ("DRY RUN", "Correctness: 11/11", "Targets (issue 12)", "Tile sweep",
-                  "GPT-2 training", "Long sequence", "| attention | done | 27/27 |"):  # fmt: skip
+                  "GPT-2 training", "Long sequence", "| attention | done | 27/27 |",
+                  "| seconds | compile s |"):  # fmt: skip
         assert piece in summary, piece
     assert (out / "attention-fwd-bwd.png").stat().st_size > 1000
     assert_flat_and_few(out)
@@ -116,6 +123,7 @@ def test_second_call_names_the_gpu_and_measures_llama_and_decode(tmp_path, cpu_r
         (n, m) for n in (64, 256) for m in ("kvcache", "kvcache-1", "flash", "sdpa")
     }
     assert all(r["max_abs_diff_vs_kvcache"] < 1e-4 for r in rows), rows
+    assert record["sections"]["decode"]["compile_seconds"] >= 0
     summary = (tmp_path / "summary.md").read_text()
     for piece in ("## Llama training", "| llama-125m | 64 | flash |", "## Decode step",
                   "| 256 | sdpa |"):  # fmt: skip
@@ -141,6 +149,165 @@ def test_every_measurement_is_on_disk_before_the_next_starts(tmp_path):
     status = sec.finish()
     assert status == "failed: 1 of 3 failed (first: third: RuntimeError: no such backend)"
     assert state(tmp_path)["sections"]["peaks"]["status"] == status
+
+
+def raising(message: str):
+    def fail(*args, **kwargs):
+        raise RuntimeError(message)
+
+    return fail
+
+
+def attention_only(out: Path) -> tuple[int, dict]:
+    code = cli.main(["--dry-run", "--out", str(out), "--sections", "attention"])
+    return code, state(out)["sections"]["attention"]
+
+
+def test_a_baselines_error_is_only_a_note(tmp_path, monkeypatch, cpu_route):
+    """SDPA's FLASH backend raising RuntimeError (no kernel for these inputs) is noted
+    "unsupported" on its rows; the attention section is still done."""
+    real = baselines.dense_methods
+
+    def without_sdpa_flash(q, k, v, **kwargs):
+        methods = real(q, k, v, **kwargs)
+        if "sdpa_flash_attention" in methods:
+            methods["sdpa_flash_attention"] = (raising("injected: no kernel here"), (q, k, v))
+        return methods
+
+    monkeypatch.setattr(baselines, "dense_methods", without_sdpa_flash)
+    code, sec = attention_only(tmp_path)
+    assert code == 0 and sec["status"] == "done", sec["status"]
+    noted = [r for r in sec["rows"] if r["method"] == "sdpa_flash_attention"]
+    assert noted and {r["note"] for r in noted} == {"unsupported: injected: no kernel here"}
+    assert all(r["ms"] is not None for r in sec["rows"] if r["method"] == "flashtrain")
+
+
+def test_an_error_in_our_op_fails_the_section_and_is_quoted(tmp_path, monkeypatch, cpu_route):
+    """The same RuntimeError from flashtrain's own op is a failed measurement (and a failed
+    compile launch), never a note: the section fails and its status quotes the error."""
+    monkeypatch.setattr(baselines, "flash_attn_func", raising("injected fault in our kernel"))
+    code, sec = attention_only(tmp_path)
+    assert code == 1
+    quoted = "RuntimeError: injected fault in our kernel"
+    assert sec["status"].startswith("failed: ") and quoted in sec["status"], sec["status"]
+    ours = [n for n in sec["planned"] if n.startswith("hd") and n.endswith(" flashtrain")]
+    assert len(ours) == 8 and all(sec["measured"][n] == f"failed: {quoted}" for n in ours)
+    assert any(n.startswith("compile: ") for n in sec["measured"])  # the first launch failed too
+    baseline = [n for n in sec["planned"] if n.endswith("sdpa_flash_attention")]
+    assert all(sec["measured"][n] == "ok" for n in baseline)  # one failure loses nothing else
+    assert not [r for r in sec["rows"] if r["method"] == "flashtrain" and not r["variant"]]
+    assert "| attention | failed: " in (tmp_path / "summary.md").read_text()
+
+
+CUDA_FAULT = "CUDA error: an illegal memory access was encountered"
+
+
+@pytest.mark.parametrize("where", ["measurement", "compile"])
+def test_a_cuda_fault_stops_the_suite_and_it_still_writes(tmp_path, monkeypatch, cpu_route, where):
+    """A sticky CUDA error in the second correctness case (its timed check, or its first launch
+    in the compile phase): every later measurement is skipped, later sections are not started,
+    both files are written, exit 1."""
+    cases = correctness.default_cases(True)
+    faulty = cases[1].name
+    real = correctness.check_case if where == "measurement" else correctness.launch_once
+
+    def fault_in_second(case, device):
+        if case.name == faulty:
+            raise RuntimeError(CUDA_FAULT)
+        return real(case, device)
+
+    monkeypatch.setattr(correctness, "check_case" if where == "measurement" else "launch_once",
+                        fault_in_second)  # fmt: skip
+    code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "correctness",
+                     "attention", "long"])  # fmt: skip
+    assert code == 1
+    record = state(tmp_path)
+    sec = record["sections"]["correctness"]
+    failed = faulty if where == "measurement" else f"compile: {faulty}"
+    reason = f"CUDA fault in correctness / {failed}"
+    assert sec["measured"][failed] == f"failed: RuntimeError: {CUDA_FAULT}"
+    later = [c.name for c in cases[2:]] if where == "measurement" else [c.name for c in cases]
+    assert {sec["measured"][n] for n in later} == {f"skipped: {reason}"}
+    assert sec["status"].startswith("failed: 1 of ") and CUDA_FAULT in sec["status"]
+    for name in ("attention", "long"):
+        assert record["sections"][name]["status"] == f"not started: {reason}"
+    assert f"| long | not started: {reason} |" in (tmp_path / "summary.md").read_text()
+
+
+def test_compile_phase_launches_side_by_side_and_records_failures(tmp_path):
+    """Section.compile runs the first launches on a pool (two launches that each wait for the
+    other finish only if they run at once), adds its wall time to compile_seconds, records a
+    raising launch as a failed measurement "compile: <what>", and stops the suite on a CUDA
+    fault."""
+    record = Record(tmp_path, 60.0, summary_markdown, derive)
+    record.state["runs"].append({"dry_run": True})
+    sec = record.section("long")
+    sec.plan(["timed"])
+    both_running = threading.Barrier(2, timeout=10)
+
+    def broken():
+        both_running.wait()
+        raise RuntimeError("no such kernel")
+
+    sec.compile({"first": both_running.wait, "second": broken}, workers=2)
+    assert sec.data["measured"] == {"compile: second": "failed: RuntimeError: no such kernel"}
+    assert "RuntimeError: no such kernel" in sec.data["tracebacks"]["compile: second"]
+    assert sec.data["compile_seconds"] >= 0 and record.stop_reason is None
+    sec.compile({"third": raising(CUDA_FAULT)}, workers=2)
+    assert record.stop_reason == "CUDA fault in long / compile: third"
+    assert sec.measure("timed", lambda: pytest.fail("measured after a CUDA fault")) is None
+    assert sec.finish() == (
+        "failed: 2 of 3 failed (first: compile: second: RuntimeError: no such kernel)"
+    )
+    assert state(tmp_path)["sections"]["long"]["measured"]["timed"] == (
+        "skipped: CUDA fault in long / compile: third"
+    )
+
+
+def test_compile_phase_launches_every_shape_a_section_times(tmp_path, monkeypatch, cpu_route):
+    """Every call of our attention ops that a measurement makes (correctness, attention, long)
+    was made before, with the same shapes, dtypes and arguments, in its section's compile
+    phase: no measurement is the first launch of a kernel."""
+    calls, phase = [], ["measure"]
+    real_compile = Section.compile
+
+    def compile_phase(self, launches, workers):
+        phase[0] = "compile"
+        try:
+            real_compile(self, launches, workers)
+        finally:
+            phase[0] = "measure"
+
+    def describe(value):
+        return (tuple(value.shape), value.dtype) if torch.is_tensor(value) else repr(value)
+
+    def spy(module, name):
+        real = getattr(module, name)
+
+        def call(*args, **kwargs):
+            signature = (name, *map(describe, args), *sorted(kwargs.items()))
+            calls.append((phase[0], signature))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, call)
+
+    monkeypatch.setattr(Section, "compile", compile_phase)
+    for module, name in ((baselines, "flash_attn_func"), (baselines, "blocksparse_attn_func"),
+                         (correctness, "flash_attn_func"), (correctness, "blocksparse_attn_func"),
+                         (correctness, "flash_attn_varlen_func")):  # fmt: skip
+        spy(module, name)
+    code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "correctness",
+                     "attention", "long"])  # fmt: skip
+    assert code == 0
+    compiled = set()
+    for when, signature in calls:
+        if when == "compile":
+            compiled.add(signature)
+        else:
+            assert signature in compiled, signature
+    assert {s[0] for w, s in calls if w == "measure"} == {
+        "flash_attn_func", "blocksparse_attn_func", "flash_attn_varlen_func"
+    }  # fmt: skip
 
 
 def test_sigterm_stops_at_the_next_measurement(tmp_path):

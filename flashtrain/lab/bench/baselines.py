@@ -128,16 +128,18 @@ def dense_methods(q, k, v, *, causal: bool, names=None) -> dict[str, Method | st
     return methods
 
 
-def flex_block_mask_from_layout(layout, seqlen: int, causal: bool):
-    """The same block layout as a FlexAttention BlockMask: our partial/full tables become its
-    kv_num_blocks/kv_indices (mask_mod applied) and full_kv_* (no mask_mod)."""
+def flex_block_mask_from_layout(layout, seqlen: int, causal: bool, device=None):
+    """The same block layout as a FlexAttention BlockMask on `device` (default: the layout's):
+    our partial/full tables become its kv_num_blocks/kv_indices (mask_mod applied) and full_kv_*
+    (no mask_mod)."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    t = layout.tables(seqlen, seqlen, causal, "cuda")
+    device = torch.device(device) if device is not None else layout.block_mask.device
+    t = layout.tables(seqlen, seqlen, causal, device)
     # The mask_mod is the layout itself, not only the sequence bounds: a flex_attention that
     # falls back to eager applies mask_mod alone (ignoring the block tables) and would time,
     # and compute, dense attention.
-    blocks = layout.block_mask.to("cuda")  # (heads_mask, n_query_blocks, n_key_blocks) bool
+    blocks = layout.block_mask.to(device)  # (heads_mask, n_query_blocks, n_key_blocks) bool
     heads_mask, n_query_blocks, n_key_blocks = blocks.shape
     size = layout.block_size
 
@@ -155,17 +157,20 @@ def flex_block_mask_from_layout(layout, seqlen: int, causal: bool):
     )  # fmt: skip
 
 
-def blocksparse_methods(q, k, v, layout, *, causal: bool) -> dict[str, Method | str]:
-    """Ours on the layout vs FlexAttention with the same BlockMask. q/k/v: (B, S, H, D)."""
-    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+def blocksparse_methods(q, k, v, layout, *, causal: bool, names=None) -> dict[str, Method | str]:
+    """Ours on the layout vs FlexAttention with the same BlockMask. q/k/v: (B, S, H, D); names:
+    only these (as dense_methods)."""
     methods: dict[str, Method | str] = {
         "flashtrain": (lambda: blocksparse_attn_func(q, k, v, layout, causal=causal), (q, k, v))
     }
+    if names is not None and "flex" not in names:
+        return methods
+    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
     flex, reason = flex_or_reason(q.device)
     if flex is None:
         methods["flex"] = reason
     else:
-        mask = flex_block_mask_from_layout(layout, q.shape[1], causal)
+        mask = flex_block_mask_from_layout(layout, q.shape[1], causal, q.device)
         methods["flex"] = (lambda: flex(qt, kt, vt, block_mask=mask), (qt, kt, vt))
     return methods
 

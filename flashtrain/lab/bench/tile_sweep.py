@@ -11,6 +11,8 @@ timed again with tensor-descriptor (TMA) loads, where the GPU and Triton have th
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -45,16 +47,18 @@ CANDIDATES = {
 TMA_RETRIES = 2  # the fastest pointer configs timed again with descriptor loads
 
 
+def _run_of(kind: str, q, k, v, causal: bool) -> Callable[[], object]:
+    """What a kind is timed on: the forward (fwd) or forward + backward (dkdv with the atomic-dQ
+    backward, dq with the deterministic one)."""
+    fwd = lambda: flash_attn_func(q, k, v, causal=causal, deterministic=kind == "dq")  # noqa: E731
+    return fwd if kind == "fwd" else baselines.with_backward(fwd, (q, k, v))
+
+
 def _timed(kind: str, q, k, v, rep: int, device) -> float | None:
-    """Summed median ms over causal and not: the forward (fwd) or forward + backward (dkdv with
-    the atomic-dQ backward, dq with the deterministic one)."""
+    """Summed median ms over causal and not of _run_of(kind)."""
     total = 0.0
-    deterministic = kind == "dq"
     for causal in (False, True):
-        fwd = lambda causal=causal: flash_attn_func(  # noqa: E731
-            q, k, v, causal=causal, deterministic=deterministic
-        )
-        fn = fwd if kind == "fwd" else baselines.with_backward(fwd, (q, k, v))
+        fn = _run_of(kind, q, k, v, causal)
         try:
             m = measure.measure(fn, rep=rep, device=device, baseline=False)
         except Exception as err:  # noqa: BLE001  (triton's OutOfResources is no RuntimeError)
@@ -118,6 +122,28 @@ class Hooks:
     tma_ok: bool = True
 
 
+def sweep_inputs(head_dim: int, dtype, seqlen: int, tokens: int, device):
+    """q, k, v of one head dim: `tokens` per batch, 2048 // head_dim heads."""
+    heads = max(1, 2048 // head_dim)
+    batch = max(1, tokens // seqlen)
+    return random_qkv(batch, seqlen, heads, head_dim, device=device, dtype=dtype)
+
+
+def builtin_launches(*, head_dims, dtype, seqlen, tokens, device) -> dict[str, Callable]:
+    """what -> a first launch of each run sweep() times with the built-in configs (the GPU
+    suite's compile phase). The candidates compile at their first, untimed, call instead:
+    tuning.overridden is process-wide, so two of them cannot be launched side by side."""
+
+    def launch(kind: str, head_dim: int, causal: bool) -> None:
+        _run_of(kind, *sweep_inputs(head_dim, dtype, seqlen, tokens, device), causal)()
+
+    launches = {}
+    for head_dim, kind, causal in itertools.product(head_dims, tuning.KINDS, (False, True)):
+        key, mode = tuning.table_key(kind, head_dim, dtype), "causal" if causal else "full"
+        launches[f"{key} built-in {mode}"] = functools.partial(launch, kind, head_dim, causal)
+    return launches
+
+
 def sweep(
     *, head_dims, dtype, seqlen, tokens, rep, device, hooks: Hooks, candidates=None
 ) -> dict[str, TileConfig]:
@@ -127,10 +153,7 @@ def sweep(
     winners: dict[str, TileConfig] = {}
     pools = candidates or CANDIDATES
     for head_dim in head_dims:
-        heads = max(1, 2048 // head_dim)
-        q, k, v = random_qkv(
-            max(1, tokens // seqlen), seqlen, heads, head_dim, device=device, dtype=dtype
-        )
+        q, k, v = sweep_inputs(head_dim, dtype, seqlen, tokens, device)
         block_d = tuning.block_d_for(head_dim)
         limit = tuning.max_shared_memory(torch.device(device))
         for kind in tuning.KINDS:

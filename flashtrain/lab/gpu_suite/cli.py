@@ -10,9 +10,10 @@ Default sections, in order of value: environment, peaks, correctness, attention,
 then the sweep with what is left of the budget (llama, decode and pytest run only when named). OUT gets at most
 7 files, flat: suite.json and summary.md (rewritten atomically after every measurement), the
 sweep's tuning-table-<gpu>.json, pytest.log and pytest-junit.xml, two attention plots. SIGINT or
-SIGTERM stops at the next measurement boundary and still writes (a second one at once). Exit
-0: every section done; 1: a section failed or is incomplete (its status says why); 2: bad use;
-130/143: stopped by SIGINT/SIGTERM. See docs/gpu_session.md for the session's calls.
+SIGTERM stops at the next measurement boundary and still writes (a second one at once); so does
+a CUDA fault (every later launch would fail alike). Exit 0: every section done; 1: a section
+failed or is incomplete (its status says why); 2: bad use; 130/143: stopped by SIGINT/SIGTERM.
+See docs/gpu_session.md for the session's calls.
 """
 
 from __future__ import annotations
@@ -111,8 +112,16 @@ def run(args) -> int:
         record.restore_signal_handlers()
         plots(record)
         record.save()
-    if record.stop_reason:
-        return 143 if "SIGTERM" in record.stop_reason else 130
+    return exit_code(record.stop_reason, all_done)
+
+
+def exit_code(stop_reason: str | None, all_done: bool) -> int:
+    """130 / 143 for a stop by SIGINT (or KeyboardInterrupt) / SIGTERM; 0 every section done;
+    1 otherwise, a stop after a CUDA fault included (no signal was sent)."""
+    if stop_reason and "SIGTERM" in stop_reason:
+        return 143
+    if stop_reason and ("SIGINT" in stop_reason or "KeyboardInterrupt" in stop_reason):
+        return 130
     return 0 if all_done else 1
 
 

@@ -4,7 +4,9 @@ until then; SIGINT/SIGTERM and the budget stop it at the next measurement bounda
 
 A section holds its planned measurements and, for each, "ok", "failed: why" or "skipped: why".
 It is "done" only when every planned measurement finished ok; otherwise its status says what
-failed or what stopped it ("incomplete: 3 of 8 measured (stopped by SIGINT)").
+failed or what stopped it ("incomplete: 3 of 8 measured (stopped by SIGINT)"). A section that
+launches flashtrain's kernels compiles them first (Section.compile: every first launch at once),
+so its measurements never wait on a cold compile.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from flashtrain.lab.bench.measure import is_cuda_fault
@@ -132,12 +135,8 @@ class Section:
         except SectionFailed:
             raise
         except Exception as err:  # noqa: BLE001  (one failure must not lose the rest)
-            self.data["measured"][name] = f"failed: {type(err).__name__}: {str(err)[:300]}"
-            self.data.setdefault("tracebacks", {})[name] = traceback.format_exc()[-3000:]
-            print(f"  {name}: FAILED {type(err).__name__}: {str(err)[:200]}", flush=True)
+            self._failed(name, err)
             result = None
-            if is_cuda_fault(err):  # every later launch would fail alike: write what we have, stop
-                self.record.stop(f"CUDA fault in {self.name} / {name}")
         else:
             self.data["measured"][name] = "ok"
             rows = result if isinstance(result, list) else [result] if result else []
@@ -145,6 +144,38 @@ class Section:
         self.data.setdefault("measure_seconds", {})[name] = round(time.monotonic() - start, 2)
         self.record.save()
         return result
+
+    def _failed(self, name: str, err: BaseException) -> None:
+        if name not in self.data["planned"]:
+            self.data["planned"].append(name)
+        self.data["measured"][name] = f"failed: {type(err).__name__}: {str(err)[:300]}"
+        trace = "".join(traceback.format_exception(err))
+        self.data.setdefault("tracebacks", {})[name] = trace[-3000:]
+        print(f"  {name}: FAILED {type(err).__name__}: {str(err)[:200]}", flush=True)
+        if is_cuda_fault(err):  # every later launch would fail alike: write what we have, stop
+            self.record.stop(f"CUDA fault in {self.name} / {name}")
+
+    def compile(self, launches: dict[str, Callable[[], object]], workers: int) -> None:
+        """Run every first launch of `launches` (what -> a call of the op at the shapes the
+        section will time) on `workers` threads before any measurement, so Triton compiles the
+        kernels side by side (its compiler releases the GIL) and no timed measurement waits on
+        a cold compile. Its wall time adds to data["compile_seconds"] and to the section's
+        budget; a launch that raises is a failed measurement "compile: <what>"."""
+        if not launches or self.why_not():
+            return  # the measurements say why they were skipped
+        start = time.monotonic()
+        pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(launches))))
+        try:
+            futures = {pool.submit(launch): what for what, launch in launches.items()}
+            for future in as_completed(futures):
+                if future.exception() is not None:
+                    self._failed(f"compile: {futures[future]}", future.exception())
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # a second signal must not wait
+        seconds = time.monotonic() - start
+        self.data["compile_seconds"] = round(self.data.get("compile_seconds", 0.0) + seconds, 2)
+        print(f"  compile: {len(launches)} first launches in {seconds:.1f} s", flush=True)
+        self.record.save()
 
     def finish(self, failure: str | None = None) -> str:
         """Set the section's status from its measurements (or a whole-section failure)."""

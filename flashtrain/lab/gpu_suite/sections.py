@@ -1,5 +1,7 @@
 """The suite's sections, each a list of measurements run through Section.measure (so every one
 is on disk the moment it finishes). Sizes are the real ones on a GPU and toys in the dry run.
+A section that launches flashtrain's kernels first compiles all of them at once (Section.compile:
+the first launch of each shape it will time, on a thread pool), then measures.
 
     environment  GPU, driver, torch, triton, CUDA, commit, the wheels present and missing
     peaks        bf16 8192^3 matmul, device-to-device copy bandwidth
@@ -26,12 +28,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from flashtrain.attention import flash_attn_func, sparsity
+from flashtrain.attention import sparsity
 from flashtrain.kernels import tuning
 from flashtrain.lab.bench import (
     baselines,
@@ -100,6 +104,12 @@ class Suite:
     @property
     def device(self) -> str:
         return "cpu" if self.dry else "cuda"
+
+    @property
+    def compile_workers(self) -> int:
+        """Threads of a compile phase: a core each on the GPU machine (Triton's compiler releases
+        the GIL); one in the dry run (the Triton interpreter of the tests patches modules)."""
+        return 1 if self.dry else os.cpu_count() or 8
 
 
 def missing_modules(names) -> list[str]:
@@ -170,6 +180,8 @@ def peaks(state: dict) -> dict:
 
 def run_cases(suite: Suite, sec: Section, cases) -> None:
     sec.plan([c.name for c in cases])
+    launches = {c.name: partial(correctness.launch_once, c, suite.device) for c in cases}
+    sec.compile(launches, suite.compile_workers)
     for case in cases:
         row = sec.measure(case.name, lambda case=case: correctness.check_case(case, suite.device))
         if row:
@@ -189,6 +201,66 @@ def _dense_name(head_dim, causal, seqlen, method) -> str:
     return f"hd{head_dim} {'causal' if causal else 'full'} S={seqlen} {method}"
 
 
+def _dense_dims(z: Sizes, head_dim: int, seqlen: int) -> tuple[int, int, int, int]:
+    """(batch, heads, seqlen, head_dim) of an attention measurement: z.tokens a batch."""
+    return max(1, z.tokens // seqlen), z.hidden // head_dim, seqlen, head_dim
+
+
+def _qkv(suite: Suite, dims):
+    batch, heads, seqlen, head_dim = dims
+    return random_qkv(batch, seqlen, heads, head_dim, device=suite.device, dtype=suite.sizes.dtype)
+
+
+def _ours_dense(q, k, v, causal: bool):
+    """(forward, inputs) of flashtrain's dense op, as the attention section times it."""
+    return baselines.dense_methods(q, k, v, causal=causal, names=("flashtrain",))["flashtrain"]
+
+
+def _ours_sparse(q, k, v, layout):
+    """(forward, inputs) of flashtrain's block-sparse op, as the attention section times it."""
+    methods = baselines.blocksparse_methods(q, k, v, layout, causal=False, names=("flashtrain",))
+    return methods["flashtrain"]
+
+
+def _sparse_setup(suite: Suite):
+    """The block-sparse target's layout (local) and dims."""
+    seqlen, block, window = suite.sizes.sparse
+    layout = sparsity.PATTERNS["local"](seqlen, block_size=block, window_blocks=window)
+    return layout, _dense_dims(suite.sizes, suite.sizes.head_dims[0], seqlen)
+
+
+def _first_launch(suite: Suite, dims, make_method) -> Callable[[], None]:
+    """A compile-phase launch: make_method(q, k, v) -> (forward, inputs), built as the
+    measurement builds it, on fresh inputs of `dims`; its forward and backward run once."""
+
+    def launch() -> None:
+        forward, inputs = make_method(*_qkv(suite, dims))
+        baselines.with_backward(forward, inputs)()
+
+    return launch
+
+
+def dense_launches(suite: Suite, shapes) -> dict[str, Callable[[], None]]:
+    """Compile-phase launches of flashtrain's dense op at each (dims, causal) of `shapes`."""
+    return {
+        f"B{b} H{h} S={s} hd{d} {'causal' if c else 'full'}": _first_launch(
+            suite, (b, h, s, d), partial(_ours_dense, causal=c)
+        )
+        for (b, h, s, d), c in shapes
+    }
+
+
+def attention_launches(suite: Suite, pairs) -> dict[str, Callable[[], None]]:
+    """Every flashtrain launch the attention section times: the dense (head_dim, causal)
+    pairs at every length, block-sparse, and dense at block-sparse's shape."""
+    z = suite.sizes
+    layout, sparse_dims = _sparse_setup(suite)
+    shapes = [(_dense_dims(z, d, s), c) for d, c in pairs for s in z.seqlens]
+    launches = dense_launches(suite, [*shapes, (sparse_dims, False)])
+    sparse = _first_launch(suite, sparse_dims, partial(_ours_sparse, layout=layout))
+    return {**launches, f"blocksparse {layout.name}": sparse}
+
+
 def section_attention(suite: Suite, sec: Section) -> None:
     """The targets' shapes first (hd128 full, hd64 causal), then block-sparse vs FlexAttention
     (also a target), then the remaining head-dim / causal pairs."""
@@ -206,6 +278,7 @@ def section_attention(suite: Suite, sec: Section) -> None:
         _dense_name(d, c, s, m) for d, c in rest for s in z.seqlens for m in ATTENTION_METHODS
     ]
     sec.plan(names)
+    sec.compile(attention_launches(suite, order), suite.compile_workers)
     dense_shapes(suite, sec, targets)
     blocksparse(suite, sec, sparse_names)
     dense_shapes(suite, sec, rest)
@@ -220,9 +293,8 @@ def dense_shapes(suite: Suite, sec: Section, pairs) -> None:
             for name in names:
                 sec.measure(name, lambda: None)  # recorded as skipped, with the reason
             continue
-        batch, heads = max(1, z.tokens // seqlen), z.hidden // head_dim
-        dims = (batch, heads, seqlen, head_dim)
-        q, k, v = random_qkv(batch, seqlen, heads, head_dim, device=suite.device, dtype=z.dtype)
+        dims = _dense_dims(z, head_dim, seqlen)
+        q, k, v = _qkv(suite, dims)
         methods = baselines.dense_methods(q, k, v, causal=causal, names=ATTENTION_METHODS)
         for name, method in zip(names, (methods[m] for m in ATTENTION_METHODS)):
             label = name.rsplit(" ", 1)[1]
@@ -245,17 +317,14 @@ def blocksparse(suite: Suite, sec: Section, names: list[str]) -> None:
         for name in names:
             sec.measure(name, lambda: None)
         return
-    seqlen, block, window = z.sparse
-    head_dim = z.head_dims[0]
-    layout = sparsity.PATTERNS["local"](seqlen, block_size=block, window_blocks=window)
-    batch, heads = max(1, z.tokens // seqlen), z.hidden // head_dim
-    q, k, v = random_qkv(batch, seqlen, heads, head_dim, device=suite.device, dtype=z.dtype)
-    dims = (batch, heads, seqlen, head_dim)
+    layout, dims = _sparse_setup(suite)
+    seqlen = dims[2]
+    q, k, v = _qkv(suite, dims)
     kept = layout.tables(seqlen, seqlen, False, suite.device).blocks_visited()
     density = kept / layout.block_mask[0].numel()
     variant = f"blocksparse {layout.name}" if hasattr(layout, "name") else "blocksparse"
     methods = baselines.blocksparse_methods(q, k, v, layout, causal=False)
-    methods["dense"] = (lambda: flash_attn_func(q, k, v), (q, k, v))
+    methods["dense"] = _ours_dense(q, k, v, causal=False)
     for name, key in zip(names, ("flashtrain", "flex", "dense")):
         method, row_variant = methods[key], variant if key != "dense" else "blocksparse dense"
         d = density if key != "dense" else 1.0
@@ -324,20 +393,19 @@ def section_llama(suite: Suite, sec: Section) -> None:
 
 def section_long(suite: Suite, sec: Section) -> None:
     batch, seqlen, heads, head_dim = suite.sizes.long
+    dims = (batch, heads, seqlen, head_dim)
     names = [f"S={seqlen} {'causal' if c else 'full'} fwd+bwd" for c in (True, False)]
     sec.plan(names)
+    sec.compile(dense_launches(suite, [(dims, c) for c in (True, False)]), suite.compile_workers)
     if sec.why_not():
         for name in names:
             sec.measure(name, lambda: None)
         return
-    q, k, v = random_qkv(
-        batch, seqlen, heads, head_dim, device=suite.device, dtype=suite.sizes.dtype
-    )
-    dims = (batch, heads, seqlen, head_dim)
+    q, k, v = _qkv(suite, dims)
     for name, causal in zip(names, (True, False)):
-        fwd = lambda causal=causal: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
-        sec.measure(name, lambda fwd=fwd, causal=causal: bench_method(
-            "flashtrain", fwd, (q, k, v), dims, causal, 2 if suite.dry else 5, device=suite.device))  # fmt: skip
+        fwd, inputs = _ours_dense(q, k, v, causal)
+        sec.measure(name, lambda fwd=fwd, inputs=inputs, causal=causal: bench_method(
+            "flashtrain", fwd, inputs, dims, causal, 2 if suite.dry else 5, device=suite.device))  # fmt: skip
 
 
 def section_decode(suite: Suite, sec: Section) -> None:
@@ -346,6 +414,9 @@ def section_decode(suite: Suite, sec: Section) -> None:
     lens = suite.sizes.decode_lens
     names = [f"decode cache={n}" for n in lens]
     sec.plan(names)
+    shape = (batch, heads_q, heads_kv, head_dim, suite.sizes.dtype, torch.device(suite.device))
+    launches = {name: partial(decode.launch_once, n, *shape) for name, n in zip(names, lens)}
+    sec.compile(launches, suite.compile_workers)
     for name, length in zip(names, lens):
         rows = sec.measure(name, lambda length=length: decode.decode_rows(
             [length], batch, heads_q, heads_kv, head_dim, suite.sizes.dtype,
@@ -372,7 +443,9 @@ def section_sweep(suite: Suite, sec: Section) -> None:
     if tma.available(torch.device(device)) and not suite.dry:
         run_cases(suite, sec, correctness.descriptor_cases(suite.dry))
     checks = [r for r in sec.data["rows"] if "passed" in r]
-    tma_ok = bool(checks) and all(r["passed"] for r in checks)
+    # a check that raised left no row: it forbids descriptors as a wrong result does
+    errored = [n for n, m in sec.data["measured"].items() if m != "ok"]
+    tma_ok = bool(checks) and all(r["passed"] for r in checks) and not errored
     sec.data["tma_allowed"] = tma_ok
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     sec.data["table_file"] = table_file(name)
@@ -395,10 +468,10 @@ def section_sweep(suite: Suite, sec: Section) -> None:
 
     hooks = tile_sweep.Hooks(why_not=sec.why_not, row=row, winners=winners, tma_ok=tma_ok)
     tiny = {"fwd": [(32, 16, 4, 1)], "dkdv": [(16, 32, 4, 1)], "dq": [(32, 16, 4, 1)]}
-    tile_sweep.sweep(head_dims=z.head_dims[-1:] if suite.dry else z.head_dims, dtype=z.dtype,
-                     seqlen=z.sweep_seqlen, tokens=z.tokens if not suite.dry else 128,
-                     rep=z.rep, device=device, hooks=hooks,
-                     candidates=tiny if suite.dry else None)  # fmt: skip
+    shapes = dict(head_dims=z.head_dims[-1:] if suite.dry else z.head_dims, dtype=z.dtype,
+                  seqlen=z.sweep_seqlen, tokens=z.tokens if not suite.dry else 128, device=device)  # fmt: skip
+    sec.compile(tile_sweep.builtin_launches(**shapes), suite.compile_workers)
+    tile_sweep.sweep(**shapes, rep=z.rep, hooks=hooks, candidates=tiny if suite.dry else None)
 
 
 # ---- pytest ------------------------------------------------------------------------------------

@@ -40,11 +40,13 @@ def _header(state: dict) -> list[str]:
     if env.get("missing_modules"):
         lines += ["", f"Missing Python modules: {', '.join(env['missing_modules'])} (the "
                   "sections that need them fail and say so; without matplotlib, no plots)."]  # fmt: skip
-    lines += ["", "| section | status | measured | seconds |", "|---|---|---|---|"]
+    # "compile s": the section's compile phase (its kernels' first launches, side by side),
+    # included in its seconds and spent before any of its measurements
+    lines += ["", "| section | status | measured | seconds | compile s |", "|---|---|---|---|---|"]
     for name, sec in state["sections"].items():
         done = sum(1 for v in sec.get("measured", {}).values() if v == "ok")
         lines.append(f"| {name} | {sec.get('status')} | {done}/{len(sec.get('planned', []))} | "
-                     f"{sec.get('seconds', '-')} |")  # fmt: skip
+                     f"{sec.get('seconds', '-')} | {sec.get('compile_seconds', '-')} |")  # fmt: skip
     return lines
 
 
