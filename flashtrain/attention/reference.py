@@ -105,9 +105,8 @@ def attention_scores(
     window = fold_window(window_size, causal, seqlen_k)
     keep = allowed_mask(seqlen_q, seqlen_k, window, device=q.device)
     if element_mask is not None:
-        keep = keep & element_mask.to(
-            device=keep.device, dtype=torch.bool
-        )  # a layout's mask is built on CPU
+        # a layout's mask is built on the CPU; the inputs may be on a GPU
+        keep = keep & element_mask.to(device=keep.device, dtype=torch.bool)
     keep = keep.expand(batch, heads_q, seqlen_q, seqlen_k)
     k = k.repeat_interleave(heads_q // heads_kv, dim=2)
     scores = _seen_scores(q, k, keep) * scale  # (B, H, Sq, Sk)

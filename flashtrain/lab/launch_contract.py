@@ -30,8 +30,8 @@ Launch sets (`run(sets)`; `scripts/kernel_compile.py --contract`):
               its backward through the real autograd engine from a fresh thread
     models    q/k/v as the models pass them (views of one fused QKV projection, packed varlen
               views, head_dim 36 whose views break descriptor alignment) with descriptors forced on
-    shapes    the grid at the largest shapes the presets and the GPU suite use (and a packed
-              batch of 16-token documents per LM preset with document masking), no compile:
+    shapes    the grid at the largest shapes the presets and the GPU suite use (and, per LM
+              preset without context parallelism, its tokens as 16-token documents), no compile:
               zero-stride views stand in for the tensors, so nothing large is allocated
 
 64-bit offsets (a tensor past 2**31 elements) are a property of the kernels' index arithmetic,
@@ -79,7 +79,7 @@ class Contract:
         record = dict(launch=self.tag, kernel=fn.__name__, grid=grid,
                       thread=threading.current_thread().name)  # fmt: skip
         if kernel is not None:
-            record.update(self._check_kernel(where, kernel, grid))
+            record.update(self._check_kernel(where, kernel))
         self.launches.append(record)
         return kernel
 
@@ -100,7 +100,7 @@ class Contract:
         if bad:
             self.violations.append(f"{where}: descriptors on for unaligned tensors {bad}")
 
-    def _check_kernel(self, where, kernel, grid) -> dict:
+    def _check_kernel(self, where, kernel) -> dict:
         meta = kernel.metadata
         scratch = getattr(meta, "global_scratch_size", 0) or 0
         if scratch > 0 and not _allocator_in_this_thread():
