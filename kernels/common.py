@@ -35,13 +35,11 @@ def sequence_bounds(CU_SEQLENS, b, fixed_len, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def locate_program(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads,
-                   IS_VARLEN: tl.constexpr, HEAVY_FIRST: tl.constexpr):
-    """Where this program works: (tile, b, head, q_start, seqlen_q, k_start, seqlen_k).
-    Grids are (tiles, heads, batch) (tile_grid), or with HEAVY_FIRST (batch * heads, tiles)
-    walked from the last tile: causal query tiles grow heavier with their index, and the GPU
-    starts blocks in grid order, so the heaviest tiles of every head go first and the light ones
-    fill the tail."""
+def grid_position(heads, HEAVY_FIRST: tl.constexpr):
+    """(tile, b, head) of this program in a grid of tile_grid. Grids are (tiles, heads, batch),
+    or with HEAVY_FIRST (batch * heads, tiles) walked from the last tile: causal query tiles
+    grow heavier with their index, and the GPU starts blocks in grid order, so the heaviest
+    tiles of every head go first and the light ones fill the tail."""
     if HEAVY_FIRST:
         pid_bh = tl.program_id(0)
         tile = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -51,10 +49,49 @@ def locate_program(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, h
         tile = tl.program_id(0)
         h = tl.program_id(1)
         b = tl.program_id(2)
-    q_start, seqlen_q = sequence_bounds(CU_SEQLENS_Q, b, seqlen_q_fixed, IS_VARLEN)
-    k_start, seqlen_k = sequence_bounds(CU_SEQLENS_K, b, seqlen_k_fixed, IS_VARLEN)
+    return tile, b, h
+
+
+@triton.jit
+def queue_position(item, tiles, heads, batch, HEAVY_FIRST: tl.constexpr):
+    """(tile, b, head) of work item `item` of a persistent program's queue (tiles * heads *
+    batch items, each program taking every num_programs-th). HEAVY_FIRST: all heads' heaviest
+    tile first, then the next heaviest (FA3's longest-processing-time-first order), so the
+    programs' static shares even out; otherwise the tiles of a head together (their K/V stay
+    in L2)."""
+    if HEAVY_FIRST:
+        per_rank = heads * batch
+        tile = tiles - 1 - item // per_rank
+        bh = item % per_rank
+        b = bh // heads
+        h = bh % heads
+    else:
+        tile = item % tiles
+        bh = item // tiles
+        h = bh % heads
+        b = bh // heads
+    return tile, b, h
+
+
+@triton.jit
+def locate_program(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads,
+                   IS_VARLEN: tl.constexpr, HEAVY_FIRST: tl.constexpr):
+    """Where this program works: (tile, b, head, q_start, seqlen_q, k_start, seqlen_k), its
+    place in the grid from grid_position."""
+    tile, b, h = grid_position(heads, HEAVY_FIRST)
+    q_start, seqlen_q, k_start, seqlen_k = pair_bounds(
+        CU_SEQLENS_Q, CU_SEQLENS_K, b, seqlen_q_fixed, seqlen_k_fixed, IS_VARLEN)
     # the head stays int32 (scores, seeds, tables); offsets cast it to int64 where they form
     return tile, b, h, q_start, seqlen_q, k_start, seqlen_k
+
+
+@triton.jit
+def pair_bounds(CU_SEQLENS_Q, CU_SEQLENS_K, b, seqlen_q_fixed, seqlen_k_fixed,
+                IS_VARLEN: tl.constexpr):
+    """(q_start, seqlen_q, k_start, seqlen_k) of sequence b's queries and keys."""
+    q_start, seqlen_q = sequence_bounds(CU_SEQLENS_Q, b, seqlen_q_fixed, IS_VARLEN)
+    k_start, seqlen_k = sequence_bounds(CU_SEQLENS_K, b, seqlen_k_fixed, IS_VARLEN)
+    return q_start, seqlen_q, k_start, seqlen_k
 
 
 def heavy_first(window_left: int, window_right: int) -> bool:

@@ -108,3 +108,33 @@ def sparse_args(tables: list[torch.Tensor] | None, placeholder: torch.Tensor):
         check_index_table(f"block-sparse table {name}", table)
     partial_count, partial_index = tables[0], tables[1]
     return tuple(tables), table_strides(partial_count, partial_index, partial_count.shape[0] == 1)
+
+
+def cleaned_values(v4: torch.Tensor, batch: int, max_seqlen_k: int, cu_seqlens_k=None):
+    """For the warp-specialized forward, whose loop cannot clean V itself (kernels/flash_fwd.py
+    _forward_one_loop): (V with its non-finite entries zeroed, contiguous; the key-NaN table;
+    its (rows, columns, row stride)). The table holds, per sequence, kv head and key, 0 or NaN
+    where that key's value has a non-finite entry: added to the scores, it makes the rows that
+    see the key NaN and, masked to -inf, leaves the others untouched
+    (docs/attention_semantics.md). Row b * Hkv + h, column = the key's position in its sequence
+    (packed sequences are spread out, so a tile's columns start at a multiple of BLOCK_N, the
+    16-byte offset a descriptor load takes); the row stride is padded to 16 bytes. On device,
+    no host synchronisation; costs a pass over V and a copy of it."""
+    finite = torch.isfinite(v4)  # (B, Sk, Hkv, D); packed: (1, total_k, Hkv, D)
+    clean = torch.where(finite, v4, torch.zeros((), dtype=v4.dtype, device=v4.device))
+    nan = torch.where(finite.all(dim=-1), 0.0, float("nan"))  # (B or 1, Sk or total_k, Hkv)
+    heads = nan.shape[-1]
+    # one spare column past max_seqlen_k: where a packed key lies past it (max_seqlen_k too
+    # small, which nothing checks without a host sync) it lands there, outside the
+    # descriptor's columns, instead of faulting
+    width = -(-(max_seqlen_k + 1) // 4) * 4
+    table = torch.zeros(batch, heads, width, dtype=torch.float32, device=v4.device)
+    if cu_seqlens_k is None:
+        table[:, :, : nan.shape[1]] = nan.permute(0, 2, 1)
+    else:
+        keys = torch.arange(nan.shape[1], device=v4.device)
+        sequence = torch.searchsorted(cu_seqlens_k[1:], keys, right=True)  # of each packed key
+        position = (keys - cu_seqlens_k[sequence]).clamp_(max=width - 1)
+        table[sequence, :, position] = nan[0]
+    table = table.view(batch * heads, -1)
+    return clean.contiguous(), table, (batch * heads, max_seqlen_k, table.stride(0))

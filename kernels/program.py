@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from flashtrain.kernels.band import key_block_range
-from flashtrain.kernels.common import load_rows, locate_program, rows_source
+from flashtrain.kernels.common import grid_position, load_rows, pair_bounds, rows_source
 from flashtrain.kernels.dropout import head_seed
 from flashtrain.kernels.scores import program_scores
 from flashtrain.kernels.visit_plan import table_row
@@ -25,10 +25,21 @@ from flashtrain.kernels.visit_plan import table_row
 def program_prologue(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads,
                      window_left, window_right, IS_VARLEN: tl.constexpr, HEAVY_FIRST: tl.constexpr):
     """(tile, b, head, q_start, seqlen_q, k_start, seqlen_k, band) of this program: its place in
-    the grid (flashtrain.kernels.common.locate_program; `heads` the heads the grid spans), its
-    sequences' bounds and the causal/window band (diag, left, right) of flashtrain.kernels.band."""
-    tile, b, h, q_start, seqlen_q, k_start, seqlen_k = locate_program(
-        CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, heads, IS_VARLEN, HEAVY_FIRST)
+    the grid (flashtrain.kernels.common.grid_position; `heads` the heads the grid spans), then
+    tile_prologue."""
+    tile, b, h = grid_position(heads, HEAVY_FIRST)
+    return tile_prologue(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, window_left,
+                         window_right, tile, b, h, IS_VARLEN)
+
+
+@triton.jit
+def tile_prologue(CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q_fixed, seqlen_k_fixed, window_left,
+                  window_right, tile, b, h, IS_VARLEN: tl.constexpr):
+    """(tile, b, head, q_start, seqlen_q, k_start, seqlen_k, band) of the work at (tile, b, h):
+    its sequences' bounds and the causal/window band (diag, left, right) of
+    flashtrain.kernels.band. A persistent program calls it once per item of its queue."""
+    q_start, seqlen_q, k_start, seqlen_k = pair_bounds(
+        CU_SEQLENS_Q, CU_SEQLENS_K, b, seqlen_q_fixed, seqlen_k_fixed, IS_VARLEN)
     band = (seqlen_k - seqlen_q, window_left, window_right)
     return tile, b, h, q_start, seqlen_q, k_start, seqlen_k, band
 

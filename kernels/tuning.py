@@ -17,6 +17,12 @@ GPU's table says otherwise; FLASHTRAIN_TMA=1 or 0 decides the load path for ever
 the step (`launch_fitted`).
 Under TRITON_INTERPRET=1 one small configuration per kind keeps CPU tests fast while still
 exercising several tiles, unequal tile sizes and masked tails.
+The forward has two Hopper variants a config may ask for (issue 30; docs/kernel_compile.md
+"Variants"): `warp_specialize` (one visit-plan loop that Triton splits into a load partition and
+consumer warpgroups; dense launches with descriptor loads, else the plain loop runs; V is
+cleaned into a copy first, docs/attention_semantics.md) and `persistent` (one
+program per SM walking the tile queue heaviest first). The built-in rules use neither until a
+GPU's sweep measures them.
 """
 
 import contextlib
@@ -43,6 +49,9 @@ class TileConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # tensor-descriptor loads/stores where possible (flashtrain.kernels.tma)
+    # Hopper variants of the forward (fwd only; docs/kernel_compile.md "Variants"):
+    warp_specialize: bool = False  # one visit-plan loop that Triton splits into partitions
+    persistent: bool = False  # one program per SM walking a tile queue, heaviest tiles first
 
 
 def interpreted() -> bool:
@@ -56,6 +65,25 @@ def gpu_capability(device: torch.device) -> tuple[int, int] | None:
     if interpreted() or device.type != "cuda":
         return None
     return torch.cuda.get_device_capability(device)
+
+
+STAND_IN_SMS = 132  # an H100 SXM's SMs: the compile check's stand-in GPU
+INTERPRETER_SMS = 3  # few and odd, so CPU tests give a persistent program several uneven shares
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`: a persistent launch's program count."""
+    if gpu_capability(device) is None:
+        return INTERPRETER_SMS
+    if device.type != "cuda":
+        return STAND_IN_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_sms(index)
+
+
+@cache
+def _device_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def block_d_for(head_dim: int) -> int:
@@ -106,7 +134,14 @@ def shared_bytes(kind: str, cfg: TileConfig, element_size: int) -> int:
     estimate misses, `launch_fitted` catches."""
     d, e, stages = cfg.block_d, element_size, max(cfg.num_stages, 1)
     if kind == "fwd":
-        return (cfg.block_m + 2 * stages * cfg.block_n) * d * e
+        # a persistent program keeps its pipeline buffers across work items, so the output
+        # tile's descriptor store stages in a buffer of its own (Triton 3.6 and 3.9 alike)
+        staging = cfg.block_m * d * e if cfg.persistent and cfg.tma else 0
+        if cfg.warp_specialize:
+            # one more (block_m, d) buffer between the partitions and the key-NaN term's
+            # buffers, 4 bytes a key (sm_90 cubins of Triton 3.6 and 3.9: docs/kernel_compile.md)
+            staging += cfg.block_m * d * e + stages * cfg.block_n * 4
+        return (cfg.block_m + 2 * stages * cfg.block_n) * d * e + staging
     if kind == "dkdv":
         return (2 * cfg.block_n + 2 * stages * cfg.block_m) * d * e + cfg.block_m * d * 4 + 512
     if kind == "dq":
@@ -197,14 +232,18 @@ def table_payload(device_name: str, configs: dict[str, TileConfig]) -> dict:
 @contextlib.contextmanager
 def overridden(kind: str, cfg: TileConfig):
     """Launches of `kind` (fwd | dkdv | dq) use cfg (block_d still follows head_dim) inside the
-    block."""
+    block; an enclosing override of the kind is back in force after it."""
     if kind not in KINDS:
         raise ValueError(f"unknown kernel kind {kind!r}; allowed: {KINDS}")
+    enclosing = _OVERRIDES.get(kind)
     _OVERRIDES[kind] = cfg
     try:
         yield
     finally:
-        del _OVERRIDES[kind]
+        if enclosing is None:
+            del _OVERRIDES[kind]
+        else:
+            _OVERRIDES[kind] = enclosing
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Compile the attention kernels for a GPU without one and report what the compiler made of each
 (wgmma vs mma.sync, spills, registers, shared memory, stages, load path, main-loop length).
 
-    python scripts/kernel_compile.py [--arch 90] [--launches defaults|features|decode] [--only TEXT]
+    python scripts/kernel_compile.py [--arch 90] [--launches defaults|features|decode|variants] [--only TEXT]
                                      [--front-end-only] [--markdown FILE]
     python scripts/kernel_compile.py --contract all [--only TEXT]
 

@@ -8,7 +8,7 @@ tensor cores the way the target wants. This tool launches the real launchers thr
 driver that names the target GPU, so each launch compiles (nothing runs), and prints one JSON
 line per kernel compiled:
 
-    python scripts/kernel_compile.py [--arch 90] [--launches defaults|features|decode]
+    python scripts/kernel_compile.py [--arch 90] [--launches defaults|features|decode|variants]
                                      [--only TEXT] [--front-end-only] [--markdown FILE]
     python scripts/kernel_compile.py --contract all   (the launch contract: launch_contract.py)
 
@@ -18,11 +18,14 @@ atomic dQ), with the built-in tiles of kernels/tuning.py, then 4 grouped-query o
 once (varlen, softcap, ALiBi, dropout, fp32, descriptors forced); decode: the split-KV decode
 kernels of flash_attn_with_kvcache (split and combine; GQA, MQA, windows, ALiBi, left padding,
 cache_batch_idx, softcap, fp32, a one-split chunked prefill, a paged cache), a set of their own
-(their products compile to mma.sync: the tiles hold few query rows). --only keeps the launches whose
+(their products compile to mma.sync: the tiles hold few query rows); variants: the forward's
+Hopper variants (warp-specialized, persistent, both) and dK/dV with 64-row query tiles. --only keeps the launches whose
 tag contains TEXT. --front-end-only stops after Triton's first IR (~0.5 s a kernel: the checks
 above); otherwise the whole pipeline runs to a cubin (LLVM and ptxas, seconds a kernel) and each
-line carries the compile facts:
-    registers, spill (stack bytes), shared (bytes per block), warps, stages,
+line carries the launch's block_m / block_n and the compile facts:
+    registers, spill (stack bytes), shared (bytes per block), warps (all of them: a
+    warp-specialized kernel's partitions included), warp_specialized (the PTX hands registers
+    between partitions with setmaxnreg), stages,
     loads ("tma": the PTX holds tensor-descriptor bulk copies, else "pointer"),
     wgmma / mma_sync (SASS HGMMA / HMMA instructions: Hopper's warpgroup products vs the older
     per-warp ones), main_loop (SASS instructions of the steady-state loop: the shortest
@@ -57,9 +60,10 @@ from flashtrain.kernels.dropout_mask import dropout_keep_mask
 from flashtrain.kernels.flash_bwd import flash_backward
 from flashtrain.kernels.flash_decode import flash_decode
 from flashtrain.kernels.flash_fwd import flash_forward
+from flashtrain.kernels.tuning import TileConfig
 
-FACT_COLUMNS = ("registers", "spill", "shared", "warps", "stages", "loads", "wgmma", "mma_sync",
-                "main_loop", "loop_spills")  # fmt: skip
+FACT_COLUMNS = ("block_m", "block_n", "registers", "spill", "shared", "warps", "warp_specialized",
+                "stages", "loads", "wgmma", "mma_sync", "main_loop", "loop_spills")  # fmt: skip
 
 
 class _FrontEndDone(Exception):
@@ -87,7 +91,7 @@ class _TargetDriver:
 
 def install(arch: int, front_end_only: bool, compiled: list, on_launch=None) -> None:
     """From here on, every kernel launch compiles for `arch` and appends (name, kernel) to
-    `compiled` instead of running (kernel None with front_end_only). on_launch(fn, grid, args,
+    `compiled` instead of running (kernel None with front_end_only; tiles: launch_tiles). on_launch(fn, grid, args,
     kwargs, compile) -> kernel, if given, is called in the launching thread instead and decides
     whether to compile (compile() returns the kernel): flashtrain/lab/launch_contract.py."""
     driver.set_active(_TargetDriver(arch))
@@ -105,7 +109,7 @@ def install(arch: int, front_end_only: bool, compiled: list, on_launch=None) -> 
                 kernel = compile_kernel()
             else:
                 kernel = on_launch(self, grid, args, kwargs, compile_kernel)
-            compiled.append((self.__name__, kernel))
+            compiled.append((self.__name__, kernel, launch_tiles(kwargs)))
 
         return launch
 
@@ -127,6 +131,11 @@ def install(arch: int, front_end_only: bool, compiled: list, on_launch=None) -> 
             stages[first + "_done"] = stop
 
         CUDABackend.add_stages = first_ir_only
+
+
+def launch_tiles(kwargs: dict) -> dict:
+    """{block_m, block_n} of a launch's constexpr tile arguments (None where it has none)."""
+    return {name.lower(): kwargs.get(name) for name in ("BLOCK_M", "BLOCK_N")}
 
 
 # ------------------------------------------------------------------ facts of a cubin
@@ -181,6 +190,9 @@ def kernel_facts(kernel) -> dict:
         spill=int(re.search(r"STACK:(\d+)", usage).group(1)),
         shared=kernel.metadata.shared,
         warps=kernel.metadata.num_warps,
+        # Triton's warp specialization hands registers between its partitions with setmaxnreg
+        # (and launches the partitions' warps on top of num_warps: 4 become 12)
+        warp_specialized="setmaxnreg" in kernel.asm["ptx"],
         stages=kernel.metadata.num_stages,
         loads="tma" if "cp.async.bulk.tensor" in kernel.asm["ptx"] else "pointer",
         **sass_facts(_cuobjdump(kernel, "-sass")),
@@ -350,8 +362,54 @@ def decode_launches():
         paged=True)  # fmt: skip
 
 
+def _forward_variant(config: TileConfig, **launch):
+    """attention(**launch)'s forward (no backward) with the forward's tiles and variant forced
+    to `config` (block_d follows head_dim)."""
+    with tuning.overridden("fwd", config):
+        attention(**launch, run_backward=lambda backward: None)
+
+
+def _dkdv_tiles(config: TileConfig, **launch):
+    with tuning.overridden("dkdv", config):
+        attention(**launch)
+
+
+def variant_launches():
+    """(tag, launch) of the Hopper variants of issue 30 beside today's defaults, bf16: the
+    warp-specialized forward (one visit-plan loop, 4 warps: Triton 3.6 and 3.9 ignore the flag
+    at 8), the persistent forward (one program per SM), both together, at d64 and d128, causal
+    and not, dense (and varlen), forward only; and dK/dV with 64-row query tiles, forward and
+    backward (the forward and dQ kernels the defaults; a binary met before is not repeated)."""
+    ws, persistent = dict(warp_specialize=True, tma=True), dict(persistent=True, tma=True)
+    forward = {
+        "ws 128x128 w4 s2": TileConfig(128, 128, 0, 4, 2, **ws),
+        "ws 128x128 w4 s3": TileConfig(128, 128, 0, 4, 3, **ws),
+        "ws 128x64 w4 s3": TileConfig(128, 64, 0, 4, 3, **ws),
+        "persistent 128x128 w8 s2": TileConfig(128, 128, 0, 8, 2, **persistent),
+        "persistent 128x128 w8 s3": TileConfig(128, 128, 0, 8, 3, **persistent),
+        "persistent ws 128x128 w4 s2": TileConfig(128, 128, 0, 4, 2, **ws, persistent=True),
+    }
+    for head_dim in (64, 128):
+        for name, config in forward.items():
+            for causal in (True, False):
+                tag = f"fwd {name} bf16 d{head_dim} {'causal' if causal else 'full'}"
+                yield tag, (lambda c=config, h=head_dim, k=causal: _forward_variant(
+                    c, head_dim=h, dtype=torch.bfloat16, causal=k))  # fmt: skip
+        yield f"fwd ws 128x128 w4 s2 bf16 d{head_dim} causal varlen", (
+            lambda h=head_dim: _forward_variant(forward["ws 128x128 w4 s2"], head_dim=h,
+                                                dtype=torch.bfloat16, varlen=True))  # fmt: skip
+    for head_dim in (64, 128):
+        for deterministic in (True, False):
+            mode = "deterministic" if deterministic else "atomic-dQ"
+            config = TileConfig(64, 128, 0, 8, 2, tma=head_dim <= 64)
+            yield f"dkdv 64x128 w8 s2 bf16 d{head_dim} causal {mode}", (
+                lambda c=config, h=head_dim, m=deterministic: _dkdv_tiles(
+                    c, head_dim=h, dtype=torch.bfloat16, deterministic=m))  # fmt: skip
+
+
 LAUNCH_SETS = {"defaults": default_launches, "features": feature_launches,
-               "decode": decode_launches}  # fmt: skip
+               "decode": decode_launches,
+               "variants": variant_launches}  # fmt: skip
 
 
 def compile_launches(launch_set: str, arch: int, front_end_only: bool, only: str = ""):
@@ -364,8 +422,8 @@ def compile_launches(launch_set: str, arch: int, front_end_only: bool, only: str
         if only and only not in tag:
             continue
         launch()
-        for name, kernel in compiled:
-            line = dict(launch=tag, kernel=name, arch=arch)
+        for name, kernel, tiles in compiled:
+            line = dict(launch=tag, kernel=name, arch=arch, **tiles)
             if kernel is not None:
                 if kernel.hash in seen:
                     continue
@@ -385,6 +443,10 @@ def _commit() -> str:
 SET_NOTES = {
     "defaults": " (causal and full launches share the backward kernels, and the forward does "
     "not depend on the backward mode).",
+    "variants": ". Forward launches compile the forward only; the dK/dV ones their backward too "
+    "(the dQ kernel is the default's). block_m x block_n is the launch's tile; warps counts a "
+    "warp-specialized kernel's partitions (4 asked become 12); its main_loop is the shortest "
+    "tensor-core loop of one partition and not comparable with a plain kernel's.",
     "decode": ". These are the tiles a GPU gets (decode_config asks tuning.gpu_capability, which "
     "the stand-in answers; before issue 29 it got the 16 x 16 one-stage interpreter tile). The "
     "split kernel's decode products are mma.sync, not wgmma: a decode step's tile holds the query "

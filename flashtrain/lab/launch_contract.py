@@ -25,6 +25,8 @@ Launch sets (`run(sets)`; `scripts/kernel_compile.py --contract`):
               autograd's CUDA device thread runs it
     features  every feature flag (kernel_compile.feature_launches), the same way
     decode    the split-KV decode kernels, launched from a fresh thread
+    variants  the forward's Hopper variants (warp-specialized, persistent) and dK/dV with
+              64-row query tiles (kernel_compile.variant_launches), launched from a fresh thread
     loss      the fused linear cross-entropy, forward here and backward in a fresh thread
     compiled  flash_attn_func inside torch.compile (aot_eager: the custom ops as opaque nodes),
               its backward through the real autograd engine from a fresh thread
@@ -322,6 +324,10 @@ LAUNCH_SETS = {
     "decode": lambda: (
         (tag, functools.partial(in_fresh_thread, launch))
         for tag, launch in kernel_compile.decode_launches()
+    ),  # fmt: skip
+    "variants": lambda: (
+        (tag, functools.partial(in_fresh_thread, launch))
+        for tag, launch in kernel_compile.variant_launches()
     ),  # fmt: skip
     "loss": loss_launches,
     "compiled": compiled_launches,

@@ -5,6 +5,17 @@ path otherwise). The autouse fixture `route` sets FLASHTRAIN_CPU_ATTENTION for t
 
 Opt out with @pytest.mark.single_route (or a module-level `pytestmark`) for tests that call the
 kernels directly (kernel internals), compare the routes themselves, or pick a route on their own.
+
+The forward's Hopper variants (kernels/tuning.py TileConfig.warp_specialize, .persistent) are
+a second pass over the same tests: with FLASHTRAIN_TEST_FORWARD_VARIANT=ws, persistent or
+ws+persistent, every test of this directory runs with the forward launched as that variant at
+the interpreter's tiles (descriptor loads: the warp-specialized loop needs them), and the
+route-parametrized ones on the Triton route only:
+
+    FLASHTRAIN_TEST_FORWARD_VARIANT=ws+persistent pytest tests/attention
+
+Tests marked @pytest.mark.config_choice (which config a launch gets) are skipped there. The
+normal suite checks each variant in test_kernel_variants.py.
 """
 
 import os
@@ -12,13 +23,48 @@ import os
 import pytest
 
 from flashtrain.attention.route import ROUTES
+from flashtrain.kernels import tuning
+from flashtrain.kernels.tuning import TileConfig
+
+VARIANT_ENV = "FLASHTRAIN_TEST_FORWARD_VARIANT"
+_VARIANT_FLAGS = {
+    "ws": dict(warp_specialize=True),
+    "persistent": dict(persistent=True),
+    "ws+persistent": dict(warp_specialize=True, persistent=True),
+}
+
+
+def forward_variant() -> TileConfig | None:
+    """The forward config of the variant pass (None: the normal run)."""
+    name = os.environ.get(VARIANT_ENV, "")
+    if not name:
+        return None
+    if name not in _VARIANT_FLAGS:
+        raise pytest.UsageError(f"{VARIANT_ENV}={name!r}; allowed: {', '.join(_VARIANT_FLAGS)}")
+    return TileConfig(32, 16, 0, 4, 1, tma=True, **_VARIANT_FLAGS[name])
+
+
+@pytest.fixture(autouse=True)
+def forward_variant_pass(request):
+    """The variant pass's forward config around every test (see the module docstring)."""
+    variant = forward_variant()
+    if variant is None:
+        yield None
+        return
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        pytest.skip(f"{VARIANT_ENV} runs the kernels under TRITON_INTERPRET=1")
+    if request.node.get_closest_marker("config_choice"):
+        pytest.skip(f"checks which config a launch gets, which {VARIANT_ENV} forces")
+    with tuning.overridden("fwd", variant):
+        yield variant
 
 
 def pytest_generate_tests(metafunc):
     if "route" in metafunc.fixturenames and not metafunc.definition.get_closest_marker(
         "single_route"
     ):
-        metafunc.parametrize("route", ROUTES, indirect=True)
+        routes = ("triton",) if forward_variant() else ROUTES
+        metafunc.parametrize("route", routes, indirect=True)
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,11 @@ SCRIPT = Path(__file__).with_name("huge_strides.py")
 REPO = SCRIPT.parents[2]
 
 
-@pytest.mark.parametrize("layout", ["rows", "heads"])
+@pytest.mark.parametrize(
+    "layout",
+    # rows: ~34 s on 2 busy cores, left out of the normal suite (10 minutes); heads stays
+    [pytest.param("rows", marks=pytest.mark.slow), "heads"],
+)
 def test_offsets_past_2_31_within_one_sequence(route, layout):
     """(S, H, D) views whose element offsets pass 2^31 (a row 2^23 - 64 elements apart from the
     next, or a head-major view with heads 2^30 + 64 apart) give the reference's answer and

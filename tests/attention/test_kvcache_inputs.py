@@ -208,6 +208,7 @@ def test_a_nonfinite_value_a_row_sees_still_makes_it_nan(route, where):
 # ------------------------------------------------------------------ int64 offsets, limits
 
 
+@pytest.mark.slow  # ~27 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_offsets_past_2_31_give_the_reference_answer(route):
     """A head-major cache and query (head 2 starts past 2^31 elements), a 300-row query chunk
     whose rows are 2^23 - 64 elements apart, and (the kernel route) flash_decode writing a

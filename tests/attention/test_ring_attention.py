@@ -55,6 +55,7 @@ def attention_worker(rank: int, world_size: int, cases: list[Case]) -> None:
             check_case(case, group, dist.get_rank(group), size)
 
 
+@pytest.mark.slow  # ~98 s on 2 busy cores: left out of the normal suite (10 minutes)
 @pytest.mark.single_route  # each case names its own CPU route
 def test_ring_attention_matches_full_sequence(tmp_path):
     run_ranks(attention_worker, 4, tmp_path, FAST)

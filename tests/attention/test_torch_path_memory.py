@@ -26,6 +26,7 @@ print((after - before) // 1024)  # peak growth in MiB (ru_maxrss is in KiB on Li
 """
 
 
+@pytest.mark.slow  # ~14 s on 2 idle cores: left out of the normal suite (10 minutes)
 @pytest.mark.single_route
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss units differ")
 def test_windowed_dropout_at_16k_stays_linear():

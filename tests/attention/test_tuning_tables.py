@@ -10,7 +10,10 @@ import torch
 from flashtrain.kernels import tuning
 from flashtrain.kernels.tuning import TileConfig
 
-pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
+pytestmark = [
+    pytest.mark.single_route,  # kernel internals: run once, not once per CPU route
+    pytest.mark.config_choice,  # which config a launch gets: the variant pass forces one
+]
 
 
 def test_override_wins_inside_the_block_only():

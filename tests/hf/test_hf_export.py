@@ -31,6 +31,7 @@ def flashtrain_logits(model, ids):
         return model.logits(ids)
 
 
+@pytest.mark.slow  # ~35 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_exported_run_loads_with_from_pretrained(trained, tmp_path):
     """The run directory as CKPT (its checkpoints/ folder's newest), as README shows."""
     out = tmp_path / "exported"

@@ -13,6 +13,7 @@ from flashtrain.models.positions import resize_positions
 FEW_STEPS = [*TINY_RUN, "trainer.max_steps=3", "trainer.ckpt_interval=0", "trainer.eval_interval=0"]
 
 
+@pytest.mark.slow  # ~48 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_training_from_the_exported_folder_starts_from_the_checkpoints_loss(
     trained, exported, tmp_path
 ):

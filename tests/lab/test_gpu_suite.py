@@ -88,6 +88,10 @@ def test_dry_run_streams_every_section(dry_run):
     targets = sections["attention"]["targets"]
     assert len(targets) == 8 and targets[0]["ratio"] > 0
     assert (out / sections["sweep"]["table_file"]).is_file()
+    # the dry run checks descriptor loads first, so the forward's Hopper variants are timed
+    assert sections["sweep"]["tma_allowed"]
+    assert {"fwd/16/float32 32x16 w4 s1 tma ws", "fwd/16/float32 32x16 w4 s1 tma persistent",
+            "fwd/16/float32 32x16 w4 s1 tma ws persistent"} <= set(sections["sweep"]["measured"])  # fmt: skip
     runs = sections["training"]["rows"]
     assert [r["attention"] for r in runs] == ["flash", "sdpa"]
     assert all(r["tokens_per_s"] > 0 and r["step_split_ms"]["matmul"] > 0 for r in runs)
@@ -325,6 +329,7 @@ def test_sigterm_stops_at_the_next_measurement(tmp_path):
     assert measured == {"first": "ok", "second": "skipped: stopped by SIGTERM"}
 
 
+@pytest.mark.slow  # ~9 s on 2 idle cores: left out of the normal suite (10 minutes)
 def test_sigint_mid_run_keeps_what_finished(tmp_path):
     """SIGINT while the training section runs: the measurement in flight finishes, nothing else
     starts, and suite.json holds every finished measurement; exit 130."""
@@ -384,6 +389,7 @@ def test_budget_skips_and_says_so(tmp_path, cpu_route):
         assert set(sec["measured"].values()) == {"skipped: budget"}
 
 
+@pytest.mark.slow  # ~10 s on 2 idle cores: left out of the normal suite (10 minutes)
 def test_pytest_section_keeps_log_and_junit(tmp_path):
     selection = "-m gpu tests/attention/test_attention_gpu.py"  # every case skips without CUDA
     code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "pytest",

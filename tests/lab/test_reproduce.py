@@ -158,6 +158,7 @@ def metrics_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in lines if "loss" in json.loads(line)]
 
 
+@pytest.mark.slow  # ~57 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_driver_runs_reports_skips_finished_runs_and_resumes(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

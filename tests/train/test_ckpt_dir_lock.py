@@ -73,6 +73,7 @@ def first_run(tmp_path):
         first.wait()
 
 
+@pytest.mark.slow  # ~46 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_a_second_run_is_refused_naming_the_first_and_a_killed_run_is_taken_over(first_run):
     first, ckpt_dir, _ = first_run
     tmp_path = ckpt_dir.parent

@@ -24,6 +24,7 @@ def _rows(path) -> dict[int, dict]:
     return {r["step"]: r for r in read_metrics(path) if r.get("loss") is not None}
 
 
+@pytest.mark.slow  # ~16 s on 2 idle cores: left out of the normal suite (10 minutes)
 def test_two_ranks_splitting_each_sequence_match_one_process(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
     threads = torch.get_num_threads()

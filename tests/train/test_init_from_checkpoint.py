@@ -158,6 +158,7 @@ RANKS_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # ~27 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_under_torchrun_rank_0_alone_checks_the_files(tmp_path):
     """Every rank builds the model and reads the weights, but the checkpoint's files are hashed
     once, on rank 0 (as a resume does), not once per rank."""

@@ -151,6 +151,7 @@ def test_compiled_llama_blocks_train_like_eager(tmp_path, monkeypatch):
         assert abs(a - b) < 1e-4 * abs(a), (eager["losses"], compiled["losses"])
 
 
+@pytest.mark.slow  # ~8 s on 2 idle cores: left out of the normal suite (10 minutes)
 def test_every_llama_preset_dry_runs(tmp_path, caplog):
     """Each preset, unmodified, composes, validates and prints its model, parameter count, FLOPs
     per token, batch plan and per-GPU memory without data. One process here: a preset whose
@@ -225,6 +226,7 @@ def test_bad_llama_configs_are_user_errors(overrides, message):
         validate_config(compose(["model=llama-tiny", *overrides]))
 
 
+@pytest.mark.slow  # ~8 s on 2 idle cores: left out of the normal suite (10 minutes)
 def test_a_bad_llama_config_exits_2(tmp_path):
     res = run_train(["model=llama-tiny", "logger=none", "model.n_kv_head=3"], cwd=tmp_path)
     out = res.stdout + res.stderr

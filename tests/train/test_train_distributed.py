@@ -58,6 +58,7 @@ def test_ddp_on_two_processes_matches_one_process(tmp_path, single):
     assert meta["format"] == "torch" and meta["world_size"] == 2
 
 
+@pytest.mark.slow  # ~41 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_fsdp2_trains_checkpoints_and_resumes(tmp_path, single):
     losses, _ = single
     first = TINY + STEPS + ["trainer.strategy=fsdp", "trainer.ckpt_interval=2"]

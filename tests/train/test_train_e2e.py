@@ -178,6 +178,7 @@ def test_cpu_run_is_fp32_and_reproducible(tmp_path):
     assert a["losses"] == b["losses"] and a["losses"] != c["losses"]
 
 
+@pytest.mark.slow  # ~9 s on 2 idle cores: left out of the normal suite (10 minutes)
 def test_compiled_blocks_train_like_eager(tmp_path):
     """trainer.compile=true: inductor compiles each block through the attention custom ops."""
     eager = run(_tiny(tmp_path, "trainer.max_steps=3"), tmp_path / "eager")
@@ -187,6 +188,7 @@ def test_compiled_blocks_train_like_eager(tmp_path):
         assert abs(a - b) < 1e-4 * abs(a), (eager["losses"], compiled["losses"])
 
 
+@pytest.mark.slow  # ~21 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_multirun_sweep(tmp_path):
     res = run_train(["-m", *TINY, "trainer.max_steps=2", "optim.lr=1e-3,2e-3"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -123,6 +123,7 @@ def test_sigterm_in_process_writes_a_checkpoint_and_stops(tmp_path, monkeypatch)
     assert resumed["losses"] == full["losses"][3:]
 
 
+@pytest.mark.slow  # ~31 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_sigterm_to_the_command(tmp_path):
     args = TINY + ["trainer.max_steps=100000", "trainer.ckpt_interval=0", "hydra.run.dir=out"]
     proc = subprocess.Popen(

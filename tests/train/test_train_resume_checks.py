@@ -49,6 +49,7 @@ def edit_meta(checkpoint, **changes):
     (checkpoint / "meta.json").write_text(json.dumps(meta))
 
 
+@pytest.mark.slow  # ~41 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_the_unchanged_checkpoint_resumes_exactly(written, copy, tmp_path):
     _, losses = written
     assert resume(tmp_path, copy)["losses"] == losses[2:]

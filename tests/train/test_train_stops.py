@@ -126,6 +126,7 @@ def test_seq_len_1_trains_checkpoints_and_says_why_recall_cannot_be_measured(tmp
     assert "at seq_len 1 no value has an earlier pair to recall" in caplog.text
 
 
+@pytest.mark.slow  # ~20 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_a_full_disk_on_rank_0_ends_the_other_rank_with_exit_4_too(tmp_path):
     """Under torchrun only rank 0 writes a DDP checkpoint; the other rank learns of the failure
     instead of waiting for it until the process group times out."""

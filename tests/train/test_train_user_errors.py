@@ -89,6 +89,7 @@ def test_user_errors_end_with_one_message_and_exit_code_2(case, tmp_path, monkey
     assert errors[0].exc_info is None  # no traceback unless HYDRA_FULL_ERROR=1
 
 
+@pytest.mark.slow  # ~24 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_the_command_shows_the_traceback_only_with_hydra_full_error(tmp_path):
     args = TINY + ["optim.lr=-1"]
     plain = run_train(args, cwd=tmp_path)

@@ -1,6 +1,8 @@
 """The tile-config sweep of the GPU suite: time candidate configs of each kernel kind of
 kernels/tuning.py against the built-in rules, keep the fastest per (kind, head_dim, dtype), and
-return them as a per-GPU table (kernels/tuning_tables/<gpu-slug>.json).
+return them as a per-GPU table (kernels/tuning_tables/<gpu-slug>.json). A config is timed only
+once its output and gradients (causal and full) agree with the built-in config's within
+AGREEMENT: a new kernel form (the Hopper variants) may run on a GPU first in its sweep.
 
 Kinds are timed where they run: fwd on the forward; dkdv on forward + backward with the default
 deterministic=False (its atomic-dQ pass); dq on forward + backward with deterministic=True, with
@@ -46,6 +48,41 @@ CANDIDATES = {
 }  # fmt: skip
 TMA_RETRIES = 2  # the fastest pointer configs timed again with descriptor loads
 
+# The Hopper variants (issue 30; docs/kernel_compile.md "Variants"), timed after the candidates
+# wherever descriptor loads are allowed (they load through descriptors): the warp-specialized
+# forward (4 warps: Triton ignores the flag at 8), the persistent one, both; dK/dV with 64-row
+# query tiles on descriptors (its pointer form is a candidate above). The warp-specialized
+# forward's time includes the copy of V it needs (docs/attention_semantics.md).
+_WS = dict(tma=True, warp_specialize=True)
+_PERSISTENT = dict(tma=True, persistent=True)
+VARIANTS = {
+    "fwd": [
+        dict(block_m=128, block_n=128, num_warps=4, num_stages=2, **_WS),
+        dict(block_m=128, block_n=128, num_warps=4, num_stages=3, **_WS),
+        dict(block_m=128, block_n=64, num_warps=4, num_stages=3, **_WS),
+        dict(block_m=128, block_n=128, num_warps=8, num_stages=2, **_PERSISTENT),
+        dict(block_m=128, block_n=128, num_warps=8, num_stages=3, **_PERSISTENT),
+        dict(block_m=128, block_n=128, num_warps=4, num_stages=2, **_WS, persistent=True),
+    ],
+    "dkdv": [dict(block_m=64, block_n=128, num_warps=8, num_stages=2, tma=True)],
+}
+# the GPU suite's dry run (CPU, interpreter): the same variants at the interpreter's tiles
+DRY_RUN_VARIANTS = {
+    "fwd": [
+        dict(block_m=32, block_n=16, num_warps=4, num_stages=1, **_WS),
+        dict(block_m=32, block_n=16, num_warps=4, num_stages=1, **_PERSISTENT),
+        dict(block_m=32, block_n=16, num_warps=4, num_stages=1, **_WS, persistent=True),
+    ],
+}
+
+
+def config_label(cfg: dict) -> str:
+    """ "128x128 w4 s2 tma ws persistent": a config's tiles, warps, stages and variant flags."""
+    flags = [name for name, key in (("tma", "tma"), ("ws", "warp_specialize"),
+                                    ("persistent", "persistent")) if cfg.get(key)]  # fmt: skip
+    return " ".join([f"{cfg['block_m']}x{cfg['block_n']} w{cfg['num_warps']} s{cfg['num_stages']}",
+                     *flags])  # fmt: skip
+
 
 def _run_of(kind: str, q, k, v, causal: bool) -> Callable[[], object]:
     """What a kind is timed on: the forward (fwd) or forward + backward (dkdv with the atomic-dQ
@@ -71,14 +108,44 @@ def _timed(kind: str, q, k, v, rep: int, device) -> float | None:
     return total
 
 
+# largest |difference| from the built-in config's results a config may show, relative to each
+# result's largest magnitude (bf16 keeps 8 bits: a few roundings apart is ~1e-2; a wrong tile
+# or a NaN is far off)
+AGREEMENT = 5e-2
+
+
+def _results(q, k, v) -> list[torch.Tensor]:
+    """Output and gradients of causal and full attention under the configs in force: what a
+    config must reproduce before its time counts."""
+    found = []
+    for causal in (False, True):
+        out = flash_attn_func(q, k, v, causal=causal)
+        grad_out = torch.randn(out.shape, generator=torch.Generator(out.device).manual_seed(0),
+                               device=out.device, dtype=out.dtype)  # fmt: skip
+        found += [out, *torch.autograd.grad(out, (q, k, v), grad_out)]
+    return found
+
+
+def _disagreement(reference: list[torch.Tensor], q, k, v) -> float:
+    """Largest |difference| between the configs in force and `reference` (_results), relative
+    to each reference result's largest magnitude; NaN where a result is not finite."""
+    worst = 0.0
+    for got, want in zip(_results(q, k, v), reference):
+        scale = max(float(want.float().abs().max()), 1e-6)
+        off = float((got.float() - want.float()).abs().max()) / scale
+        worst = off if off != off or off > worst else worst  # NaN sticks
+    return worst
+
+
 def _failed(err: Exception) -> None:
     print(f"  config failed: {type(err).__name__}: {str(err).splitlines()[0][:100]}", flush=True)
 
 
-def _sweep_kind(kind, key, q, k, v, pool, rep, device, hooks: Hooks) -> TileConfig | None:
-    """Time the built-in config and every candidate of one kind; the winner, if it beats the
-    built-in one."""
+def _sweep_kind(kind, key, q, k, v, pool, variants, rep, device, hooks: Hooks) -> TileConfig | None:
+    """Time the built-in config, every candidate of one kind (pool), the fastest again with
+    descriptor loads, then the variants; the winner, if it beats the built-in one."""
     builtin = _timed(kind, q, k, v, rep, device)
+    reference = _results(q, k, v)
     timed: list[tuple[float, TileConfig]] = []
 
     def time_one(cfg: TileConfig) -> None:
@@ -87,23 +154,37 @@ def _sweep_kind(kind, key, q, k, v, pool, rep, device, hooks: Hooks) -> TileConf
             hooks.row({"key": key, "config": cfg.__dict__, "note": f"skipped: {reason}"})
             return
         with tuning.overridden(kind, cfg):
-            ms = _timed(kind, q, k, v, rep, device)
+            try:  # a config that computes something else is never timed, let alone chosen
+                off = _disagreement(reference, q, k, v)
+            except Exception as err:  # noqa: BLE001  (as in _timed)
+                if measure.is_cuda_fault(err):
+                    raise
+                off = _failed(err)
+            agrees = off is not None and off <= AGREEMENT  # False for NaN too
+            ms = _timed(kind, q, k, v, rep, device) if agrees else None
+        if off is not None and not agrees:
+            print(f"  {key} {config_label(cfg.__dict__)}: differs from the built-in config by "
+                  f"{off:.3g} (> {AGREEMENT}): not timed", flush=True)  # fmt: skip
         ratio = builtin / ms if ms and builtin else None
         hooks.row({"key": key, "config": cfg.__dict__, "ms": ms, "builtin_ms": builtin,
-                   "speedup_vs_builtin": ratio})  # fmt: skip
-        label = f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
-        print(
-            f"  {key} {label}{' tma' if cfg.tma else ''}: {ms} ms (built-in {builtin})", flush=True
-        )
+                   "speedup_vs_builtin": ratio, "max_diff_vs_builtin": off})  # fmt: skip
+        print(f"  {key} {config_label(cfg.__dict__)}: {ms} ms (built-in {builtin})", flush=True)
         if ms is not None:
             timed.append((ms, cfg))
 
     for cfg in pool:
         time_one(cfg)
-    if hooks.tma_ok and tma.available(torch.device(device)):
+    descriptors = hooks.tma_ok and tma.available(torch.device(device))
+    if descriptors:
         fastest = [cfg for _, cfg in sorted(timed, key=lambda t: t[0])[:TMA_RETRIES]]
         for cfg in fastest:
             time_one(replace(cfg, tma=True))
+    for cfg in variants:
+        if descriptors or not cfg.tma:
+            time_one(cfg)
+        else:  # not planned here: the sweep is complete without it
+            print(f"  {key} {config_label(cfg.__dict__)}: not timed (descriptor loads are not "
+                  "allowed here)", flush=True)  # fmt: skip
     if not timed:
         return None
     best_ms, best = min(timed, key=lambda t: t[0])
@@ -145,13 +226,15 @@ def builtin_launches(*, head_dims, dtype, seqlen, tokens, device) -> dict[str, C
 
 
 def sweep(
-    *, head_dims, dtype, seqlen, tokens, rep, device, hooks: Hooks, candidates=None
+    *, head_dims, dtype, seqlen, tokens, rep, device, hooks: Hooks, candidates=None, variants=None
 ) -> dict[str, TileConfig]:
     """Winning configs by table key; every timed (key, config) goes to hooks.row with its ratio
     to the built-in config. candidates: {kind: [(block_m, block_n, warps, stages), ...]} in
-    place of CANDIDATES."""
+    place of CANDIDATES; variants: {kind: [TileConfig fields but block_d, ...]} in place of
+    VARIANTS."""
     winners: dict[str, TileConfig] = {}
     pools = candidates or CANDIDATES
+    variant_pools = VARIANTS if variants is None else variants
     for head_dim in head_dims:
         q, k, v = sweep_inputs(head_dim, dtype, seqlen, tokens, device)
         block_d = tuning.block_d_for(head_dim)
@@ -164,6 +247,11 @@ def sweep(
                 cfg = tuning.fit_shared_memory(kind, cfg, dtype.itemsize, limit)
                 if cfg not in pool:
                     pool.append(cfg)
+            fitted = [
+                tuning.fit_shared_memory(kind, TileConfig(block_d=block_d, **fields),
+                                         dtype.itemsize, limit)
+                for fields in variant_pools.get(kind, ())
+            ]  # fmt: skip
             # dq is timed with dkdv's winner in place (the backward it runs in)
             dkdv_winner = winners.get(tuning.table_key("dkdv", head_dim, dtype))
             in_place = (
@@ -172,7 +260,7 @@ def sweep(
                 else contextlib.nullcontext()
             )
             with in_place:
-                best = _sweep_kind(kind, key, q, k, v, pool, rep, device, hooks)
+                best = _sweep_kind(kind, key, q, k, v, pool, fitted, rep, device, hooks)
             if best is not None:
                 winners[key] = best
             hooks.winners(winners)

@@ -440,7 +440,7 @@ def section_sweep(suite: Suite, sec: Section) -> None:
     z, device = suite.sizes, suite.device
     from flashtrain.kernels import tma
 
-    if tma.available(torch.device(device)) and not suite.dry:
+    if tma.available(torch.device(device)):  # the dry run too: its variants need descriptors
         run_cases(suite, sec, correctness.descriptor_cases(suite.dry))
     checks = [r for r in sec.data["rows"] if "passed" in r]
     # a check that raised left no row: it forbids descriptors as a wrong result does
@@ -451,9 +451,7 @@ def section_sweep(suite: Suite, sec: Section) -> None:
     sec.data["table_file"] = table_file(name)
 
     def row(r: dict) -> None:
-        c = r["config"]
-        label = f"{r['key']} {c['block_m']}x{c['block_n']} w{c['num_warps']} s{c['num_stages']}"
-        label += " tma" if c.get("tma") else ""
+        label = f"{r['key']} {tile_sweep.config_label(r['config'])}"
         note = r.get("note", "")
         sec.data["measured"][label] = note if note.startswith("skipped") else "ok"
         sec.data["planned"].append(label)
@@ -471,7 +469,8 @@ def section_sweep(suite: Suite, sec: Section) -> None:
     shapes = dict(head_dims=z.head_dims[-1:] if suite.dry else z.head_dims, dtype=z.dtype,
                   seqlen=z.sweep_seqlen, tokens=z.tokens if not suite.dry else 128, device=device)  # fmt: skip
     sec.compile(tile_sweep.builtin_launches(**shapes), suite.compile_workers)
-    tile_sweep.sweep(**shapes, rep=z.rep, hooks=hooks, candidates=tiny if suite.dry else None)
+    tile_sweep.sweep(**shapes, rep=z.rep, hooks=hooks, candidates=tiny if suite.dry else None,
+                     variants=tile_sweep.DRY_RUN_VARIANTS if suite.dry else None)  # fmt: skip
 
 
 # ---- pytest ------------------------------------------------------------------------------------
