@@ -40,6 +40,7 @@ def test_dry_run_of_a_preset_touches_no_data(preset, no_data_here, caplog):
     assert made == [], made  # no cache, no tokenizer folder, no run directory, no images
 
 
+@pytest.mark.slow  # ~11 s on 2 idle cores: left out of the normal suite (10 minutes)
 def test_dry_run_command_exits_0_without_tokenizer_files(no_data_here):
     res = run_train(
         ["experiment=owt/gpt2s-1k", "trainer.max_steps=0", "logger=none"],
