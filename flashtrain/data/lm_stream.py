@@ -17,7 +17,7 @@ import numpy as np
 
 from flashtrain.data.config import LMCorpusConfig, cache_root, check_vocab_size
 from flashtrain.data.corpus import load_split
-from flashtrain.data.lm import fixed_windows, lm_batch
+from flashtrain.data.lm_batches import fixed_windows, lm_batch
 from flashtrain.data.module import DataModule, DataRun
 from flashtrain.data.sampling import check_same_stream
 from flashtrain.data.tokenization import build_tokenizer

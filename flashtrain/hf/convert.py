@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 
+from flashtrain.hf.mapping import HFRows
 from flashtrain.hf.registry import mapping_for, mapping_for_hf
-from flashtrain.hf.source import read_config, read_weights, resolve_source
+from flashtrain.hf.source import open_weights, read_config, resolve_source
 from flashtrain.models import TransformerModel, build_model, model_config
+from flashtrain.models.materialize import fill_from, materialize
 
 
 def hf_config_dict(model_or_config) -> dict:
@@ -46,52 +48,36 @@ def to_hf(model: TransformerModel, *, extra_config: dict | None = None):
 
 
 def _source(model_or_path) -> tuple[dict, dict, str]:
-    """(config dict, state dict, description) of a transformers model or checkpoint."""
+    """(config dict, tensors by key, description) of a transformers model or checkpoint (a
+    checkpoint's tensors unread until indexed: hf/source.py)."""
     if isinstance(model_or_path, torch.nn.Module):
         hf_cfg = model_or_path.config.to_dict()
-        hf_cfg.setdefault("architectures", [type(model_or_path).__name__])
         if not hf_cfg.get("architectures"):
             hf_cfg["architectures"] = [type(model_or_path).__name__]
         return hf_cfg, dict(model_or_path.state_dict()), type(model_or_path).__name__
     folder = resolve_source(str(model_or_path))
-    return read_config(folder), read_weights(folder), str(model_or_path)
+    return read_config(folder), open_weights(folder), str(model_or_path)
 
 
 def from_hf(model_or_path: Any, attention: Any = "flash", **overrides) -> TransformerModel:
     """A flashtrain model from a transformers model, a local folder or a hub id: its config
     mapped (overrides: other model-config fields, e.g. max_seq_len, dropout, pad_vocab_multiple;
     a longer max_seq_len resizes learned positions as init_positions says, a shorter one keeps
-    the first ones), its
-    weights mapped exactly, in their dtype. attention: an attention config or impl name."""
-    hf_cfg, hf_state, source = _source(model_or_path)
+    the first ones), its weights mapped exactly, in their dtype. The model is built on the meta
+    device and each tensor read straight into its place (the weights are in memory once)."""
+    hf_cfg, tensors, source = _source(model_or_path)
     mapping = mapping_for_hf(hf_cfg, source)
     cfg = model_config({**mapping.config_from_hf(hf_cfg), **overrides})
-    dtype = next(t.dtype for t in hf_state.values() if t.is_floating_point())  # not a buffer's
+    plan = mapping.import_plan(tensors.keys(), cfg, source)
+    # the weights' dtype: of a tensor the plan reads (a folder's buffers may differ)
+    dtype = tensors[next(iter(plan.rules.values()))[1][0]].dtype
     with torch.device("meta"):
-        model = build_model(cfg, attention)
-    model.to_empty(device="cpu")
-    model.init_weights()  # only what the checkpoint lacks (a head) keeps these
-    model.to(dtype)
-    state = complete_state(
-        first_positions(mapping.state_from_hf(hf_state, cfg, source), model), model
-    )
-    model.load_state_dict_extended(state, mode=cfg.init_positions)
+        model = build_model(cfg, attention).to(dtype)
+    rows = HFRows(source, plan, tensors)
+    complete = set(dict(model.named_parameters())) <= set(rows.shapes())
+    materialize(model, "cpu", initialise=not complete)  # fresh: only a head it lacks keeps these
+    fill_from(
+        model, rows, position_mode=cfg.init_positions, optional=mapping.optional(cfg),
+        longer_positions="first", what=source,
+    )  # fmt: skip
     return model
-
-
-def complete_state(state: dict, model: TransformerModel) -> dict:
-    """state with the keys it lacks (an optional head) taken from the model's own."""
-    own = model.state_dict()
-    return {**{k: v for k, v in own.items() if k not in state}, **state}
-
-
-def first_positions(state: dict, model: TransformerModel) -> dict:
-    """state with learned 1-D position tables longer than the model's cut to its length: a
-    shorter context than the checkpoint's uses its first positions, as transformers runs a
-    shorter sequence (a longer one is resized by load_state_dict_extended)."""
-    own = model.state_dict()
-    out = dict(state)
-    for key, kind in model.position_tables.items():
-        if kind == "1d" and key in out and out[key].shape[0] > own[key].shape[0]:
-            out[key] = out[key][: own[key].shape[0]]
-    return out

@@ -51,18 +51,101 @@ def to_theirs(rule: Rule, tensor: torch.Tensor, vocab_size: int) -> list[torch.T
     raise ValueError(f"unknown rule kind {rule.kind!r}; allowed: {', '.join(KINDS)}")
 
 
-def to_ours(rule: Rule, tensors: list[torch.Tensor], padded_vocab: int) -> torch.Tensor:
+def rows_to_ours(
+    rule: Rule, tensors: list, start: int, stop: int, padded_vocab: int
+) -> torch.Tensor:
+    """Rows start..stop of the flashtrain tensor `rule` makes of `tensors` (transformers
+    tensors, or lazy views of them that read only what is indexed: hf/source.py), reading only
+    the parts of them those rows come from (an FSDP2 shard is a range of rows)."""
     if rule.kind == "copy":
-        return tensors[0]
-    if rule.kind == "transpose":
-        return tensors[0].t().contiguous()
+        return tensors[0][start:stop]
+    if rule.kind == "transpose":  # our rows are their columns
+        return tensors[0][:, start:stop].t()
     if rule.kind == "vocab_rows":
         t = tensors[0]
-        pad = padded_vocab - t.shape[0]
-        return torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad > 0 else t
+        real = t[start : min(stop, t.shape[0])] if start < t.shape[0] else t[0:0]
+        pad = (stop - start) - real.shape[0]
+        return torch.cat([real, real.new_zeros(pad, *real.shape[1:])]) if pad > 0 else real
     if rule.kind == "split_rows":
-        return torch.cat(tensors, dim=0)
+        parts, offset = [], 0
+        for t in tensors:
+            lo, hi = max(start, offset), min(stop, offset + t.shape[0])
+            if lo < hi:
+                parts.append(t[lo - offset : hi - offset])
+            offset += t.shape[0]
+        if not parts:  # a rank holding none of its rows (more ranks than rows)
+            return tensors[0][0:0]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
     raise ValueError(f"unknown rule kind {rule.kind!r}; allowed: {', '.join(KINDS)}")
+
+
+def rows_of_ours(rule: Rule, shapes: list[tuple[int, ...]], padded_vocab: int) -> int:
+    """How many rows the flashtrain tensor of `rule` has, from its sources' shapes."""
+    if rule.kind == "transpose":
+        return shapes[0][1]
+    if rule.kind == "vocab_rows":
+        return max(padded_vocab, shapes[0][0])
+    if rule.kind == "split_rows":
+        return sum(s[0] for s in shapes)
+    return shapes[0][0]
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    """A transformers checkpoint read into one architecture: per flashtrain key, its rule and
+    the checkpoint's keys (as stored); tensors are made one at a time, whole or a row range."""
+
+    arch: str
+    rules: dict[str, tuple[Rule, tuple[str, ...]]]
+    tied: tuple[tuple[str, str], ...]  # (stored key, stored key it must equal)
+    padded_vocab: int
+    source: str = ""
+
+    def rows(self, ours: str, tensors, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows start..stop (all: stop None) of flashtrain tensor `ours`; tensors: stored key
+        -> tensor or lazy view."""
+        rule, keys = self.rules[ours]
+        sources = [tensors[k] for k in keys]
+        total = rows_of_ours(rule, [tuple(t.shape) for t in sources], self.padded_vocab)
+        return rows_to_ours(
+            rule, sources, start, total if stop is None else stop, self.padded_vocab
+        )
+
+    def check_tied(self, tensors, start: int, stop: int | None) -> None:
+        """A tied key (an output head) must equal its target: in rows start..stop, so the ranks
+        reading their own row ranges check the whole of it between them."""
+        where = f" in {self.source}" if self.source else ""
+        for key, target in self.tied:
+            if not torch.equal(tensors[key][start:stop], tensors[target][start:stop]):
+                raise ValueError(
+                    f"{key} differs from {target}{where}: an untied output head, which "
+                    f"flashtrain's {self.arch} (head tied to the embedding) cannot hold"
+                )
+
+
+class HFRows:
+    """RowSource over a transformers checkpoint through its ImportPlan (hf/mapping.py)."""
+
+    def __init__(self, description: str, plan, tensors: dict):
+        self.description, self.plan, self.tensors = description, plan, tensors
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        out = {}
+        for ours, (rule, keys) in self.plan.rules.items():
+            shapes = [tuple(self.tensors[k].shape) for k in keys]
+            rest = shapes[0][1:] if rule.kind != "transpose" else (shapes[0][0],)
+            out[ours] = (rows_of_ours(rule, shapes, self.plan.padded_vocab), *rest)
+        return out
+
+    def rows(self, name: str, start: int, stop: int, placed=None) -> torch.Tensor:
+        return self.plan.rows(name, self.tensors, start, stop)
+
+    def check_rows(self, held) -> None:
+        for ours, (_, keys) in self.plan.rules.items():
+            if any(target in keys for _, target in self.plan.tied) and ours in held:
+                self.plan.check_tied(self.tensors, *held[ours])
+                return
+        self.plan.check_tied(self.tensors, 0, None)
 
 
 class ArchMapping:
@@ -134,17 +217,18 @@ class ArchMapping:
             out[key] = out[target]
         return out
 
-    def state_from_hf(self, hf_state: dict, cfg: TransformerConfig, source: str = "") -> dict:
-        """transformers state dict -> flashtrain state dict. Keys the rules do not cover are
-        refused (unless ignored()), and so are missing ones (unless optional(): they are left
-        out of the result); a tied key present must equal its target."""
-        hf_state = self.normalize_keys(dict(hf_state), cfg)
+    def import_plan(self, keys, cfg: TransformerConfig, source: str = "") -> ImportPlan:
+        """Which of a transformers checkpoint's `keys` make each flashtrain tensor, checked
+        before any tensor is read: keys the rules do not cover are refused (unless ignored()),
+        and so are missing ones (unless optional(): they are left out of the plan)."""
+        # normalized key -> the key as stored (normalize_keys renames, never touches values)
+        stored = self.normalize_keys({k: k for k in keys}, cfg)
         where = f" in {source}" if source else ""
         used: set[str] = set()
-        out: dict[str, torch.Tensor] = {}
+        rules: dict[str, tuple[Rule, tuple[str, ...]]] = {}
         optional = self.optional(cfg)
         for rule in self.rules(cfg):
-            missing = [k for k in rule.theirs if k not in hf_state]
+            missing = [k for k in rule.theirs if k not in stored]
             if missing:
                 if rule.ours.startswith(optional) and optional:
                     continue
@@ -152,27 +236,29 @@ class ArchMapping:
                     f"transformers weight {missing[0]} (flashtrain {rule.ours}) is missing{where}"
                 )
             used.update(rule.theirs)
-            out[rule.ours] = to_ours(
-                rule, [hf_state[k] for k in rule.theirs], cfg.padded_vocab_size
-            )
+            rules[rule.ours] = (rule, tuple(stored[k] for k in rule.theirs))
+        tied = []
         for key, target in self.tied(cfg).items():
-            if key in hf_state and target in hf_state:
-                if not torch.equal(hf_state[key], hf_state[target]):
-                    raise ValueError(
-                        f"{key} differs from {target}{where}: an untied output head, which "
-                        f"flashtrain's {self.arch} (head tied to the embedding) cannot hold"
-                    )
+            if key in stored and target in stored:
+                tied.append((stored[key], stored[target]))
             used.add(key)
         ignored = self.ignored(cfg)
         extra = sorted(
-            k for k in hf_state if k not in used and not (ignored and k.startswith(ignored))
+            k for k in stored if k not in used and not (ignored and k.startswith(ignored))
         )
         if extra:
             raise ValueError(
                 f"transformers weights with no flashtrain {self.arch} twin{where}: "
                 f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}"
             )
-        return out
+        return ImportPlan(self.arch, rules, tuple(tied), cfg.padded_vocab_size, source)
+
+    def state_from_hf(self, hf_state: dict, cfg: TransformerConfig, source: str = "") -> dict:
+        """transformers state dict -> flashtrain state dict (import_plan's checks, then every
+        tensor whole)."""
+        plan = self.import_plan(hf_state.keys(), cfg, source)
+        plan.check_tied(hf_state, 0, None)
+        return {ours: plan.rows(ours, hf_state) for ours in plan.rules}
 
     def check_architecture(self, hf: dict, cfg: TransformerConfig, source: str) -> None:
         """Refuse, naming the field, a transformers config whose architecture differs from the

@@ -1,14 +1,14 @@
 """Reading a transformers checkpoint: a local folder or a hub id, its config.json and weights.
 
     folder = resolve_source("openai-community/gpt2")   # or a local folder
-    config, state = read_config(folder), read_weights(folder)
+    config, tensors = read_config(folder), open_weights(folder)   # tensors read when indexed
 
 A hub id downloads through huggingface_hub into its cache: config.json and the weights the model
 reads (model.safetensors, or the index and exactly the shards it names; pytorch_model.bin alike
 when a repository has no safetensors), nothing else of the repository. HF_HUB_OFFLINE=1 forbids
 that: a cached snapshot is used, and a missing one is one clear FileNotFoundError saying how to
 get it. Weights: model.safetensors, its sharded form (model.safetensors.index.json), or
-pytorch_model.bin (loaded with weights_only). Needs safetensors for .safetensors files; never
+pytorch_model.bin (memory-mapped, weights_only). Needs safetensors for .safetensors files; never
 transformers.
 """
 
@@ -109,31 +109,54 @@ def read_config(folder: Path) -> dict:
         return json.load(f)
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's weights, on CPU, by transformers key."""
+def open_weights(folder: Path) -> dict[str, torch.Tensor | SafetensorsView]:
+    """Every tensor of the folder's weights by transformers key, unread: safetensors as views
+    that read only what is indexed, PyTorch pickles memory-mapped (a slice copied reads only
+    its pages). A rank filling its FSDP2 shards reads its rows and nothing else."""
     folder = Path(folder)
     for index_name in (SAFETENSORS_INDEX, TORCH_BIN_INDEX):
         if (folder / index_name).is_file():
-            files = _shard_files(folder / index_name)
-            state = {}
-            for name in files:
-                state.update(_read_file(folder / name))
-            return state
+            tensors = {}
+            for name in _shard_files(folder / index_name):
+                tensors.update(_open_file(folder / name))
+            return tensors
     for name in (SAFETENSORS, TORCH_BIN):
         if (folder / name).is_file():
-            return _read_file(folder / name)
+            return _open_file(folder / name)
     raise FileNotFoundError(
         f"{folder} holds no weights ({SAFETENSORS}, {SAFETENSORS_INDEX} or {TORCH_BIN})"
     )
 
 
-def _read_file(path: Path) -> dict[str, torch.Tensor]:
+class SafetensorsView:
+    """One tensor of a safetensors file, read only where indexed: view[a:b], view[:, a:b]."""
+
+    def __init__(self, file, key: str):
+        self._slice = file.get_slice(key)
+        self.shape = torch.Size(self._slice.get_shape())
+        self.dtype = _SAFETENSORS_DTYPES[self._slice.get_dtype()]
+
+    def __getitem__(self, index) -> torch.Tensor:
+        if self.shape and isinstance(index, slice) and index == slice(None):
+            index = slice(0, self.shape[0])
+        return self._slice[index]
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def _open_file(path: Path) -> dict[str, torch.Tensor | SafetensorsView]:
     if path.suffix == ".safetensors":
         try:
-            from safetensors.torch import load_file
+            from safetensors import safe_open
         except ImportError:
             raise ImportError(
                 f"reading {path.name} needs safetensors: pip install -e '.[hf]'"
             ) from None
-        return load_file(str(path), device="cpu")
-    return torch.load(path, map_location="cpu", weights_only=True)
+        file = safe_open(str(path), framework="pt", device="cpu")
+        return {key: SafetensorsView(file, key) for key in file.keys()}  # noqa: SIM118
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from flashtrain.data.config import SyntheticConfig
-from flashtrain.data.lm import TokenCacheLM, lm_batch
+from flashtrain.data.lm import TokenCacheLM
+from flashtrain.data.lm_batches import lm_batch
 from flashtrain.data.registry import build_data, data_config
 from flashtrain.inference.generate import position_limit
 

@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from flashtrain.checkpoint import load_model
+from flashtrain.checkpoint.manifest import CheckpointError
 from flashtrain.data.registry import data_config
 from flashtrain.inference import evaluate_output
-from flashtrain.inference.checkpoint import load_for_inference, run_tokenizer
 from flashtrain.inference.evaluate import evaluate_length
 from flashtrain.inference.generate import position_limit
-from flashtrain.train.checkpoint_manifest import CheckpointError
+from flashtrain.inference.run_tokenizer import run_config, run_tokenizer
 
 
 def _parser(configs: Path | None) -> argparse.ArgumentParser:
@@ -94,30 +95,31 @@ def _progress(disabled: bool):
 def run(args) -> list[Path]:
     if args.tokens is not None and args.batches is not None:
         raise ValueError("--tokens and --batches both size the evaluation: give one")
-    loaded = load_for_inference(args.checkpoint, args.device)
+    trained_model, info = load_model(args.checkpoint, device=args.device)
+    config = run_config(info)
     if args.data:
         data = composed_data_config(args.configs, args.data[0], args.data[1:])
     else:
-        data = OmegaConf.to_container(loaded.config.data, resolve=True)
+        data = OmegaConf.to_container(config.data, resolve=True)
     cfg = data_config(data)
     tokenizer = run_tokenizer(data)
     if args.data:
-        check_same_tokenizer(loaded.tokenizer, tokenizer)
-    trained = int(loaded.config.model.max_seq_len)
+        check_same_tokenizer(run_tokenizer(config.data), tokenizer)
+    trained = int(config.model.max_seq_len)
     bits_per_byte = tokenizer.name.startswith("byte")
-    models = {None: loaded.model}
+    models = {None: trained_model}
     results = []
     for seq_len in args.seq_len:
         if seq_len < 2:
             raise ValueError(f"--seq-len values must be >= 2, got {seq_len}")
-        model, notes = loaded.model, []
-        limit = position_limit(loaded.model)
+        model, notes = trained_model, []
+        limit = position_limit(trained_model)
         if limit is not None and seq_len > limit:
-            mode = loaded.config.model.get("init_positions", "interpolate")
+            mode = config.model.get("init_positions", "interpolate")
             if seq_len not in models:
-                models[seq_len] = load_for_inference(
-                    loaded.path, args.device, max_seq_len=seq_len, position_mode=mode
-                ).model
+                models[seq_len], _ = load_model(
+                    info.path, device=args.device, max_seq_len=seq_len, position_mode=mode
+                )
             model, notes = models[seq_len], [f"learned positions {mode}d from {limit}"]
         elif seq_len > trained:
             notes = [f"beyond the trained {trained} tokens"]
@@ -127,16 +129,16 @@ def run(args) -> list[Path]:
             batches = max(1, -(-args.tokens // (args.batch_size * step)))
         result = evaluate_length(
             model, data, seq_len, stride=args.stride, batch_size=args.batch_size,
-            max_batches=batches, seed=int(loaded.config.seed), buckets=args.buckets,
+            max_batches=batches, seed=int(config.seed), buckets=args.buckets,
             progress=_progress(args.no_progress),
             special_ids=tokenizer.special_ids if bits_per_byte else (),
         )  # fmt: skip
         result.notes += notes
         results.append(result)
-    facts = {**loaded.facts(), "trained_seq_len": trained}
+    facts = {**info.facts(), "trained_seq_len": trained}
     data_facts = dict(name=cfg.name, loader=cfg.loader, split="validation")
     report = evaluate_output.payload(facts, data_facts, results, bits_per_byte)
-    out = args.out or loaded.path.parent.parent / "eval" / loaded.path.name
+    out = args.out or info.path.parent.parent / "eval" / info.path.name
     return evaluate_output.write(report, out)
 
 

@@ -11,9 +11,10 @@ import sys
 
 import torch
 
-from flashtrain.inference.checkpoint import load_for_inference
+from flashtrain.checkpoint import load_model
+from flashtrain.checkpoint.manifest import CheckpointError
 from flashtrain.inference.generate import Sampling, generate
-from flashtrain.train.checkpoint_manifest import CheckpointError
+from flashtrain.inference.run_tokenizer import run_config, run_tokenizer
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,8 +66,8 @@ def main(argv=None, out=sys.stdout) -> int:
     args = _parser().parse_args(argv)
     try:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
-        loaded = load_for_inference(args.checkpoint, args.device)
-        tokenizer = loaded.tokenizer
+        model, info = load_model(args.checkpoint, device=args.device)
+        tokenizer = run_tokenizer(run_config(info).data)
         prompts = [tokenizer.encode(p) for p in args.prompt]
     except (ValueError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -75,7 +76,7 @@ def main(argv=None, out=sys.stdout) -> int:
     if stream is not None:
         out.write(args.prompt[0])
     try:
-        new = generate(loaded.model, prompts, args.max_new_tokens, sampling, seed=args.seed,
+        new = generate(model, prompts, args.max_new_tokens, sampling, seed=args.seed,
                        stop_id=tokenizer.eos_id, on_step=stream)  # fmt: skip
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

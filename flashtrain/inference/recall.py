@@ -23,9 +23,10 @@ from collections import Counter
 
 import numpy as np
 
+from flashtrain.checkpoint import load_model
 from flashtrain.data.synthetic import recall_sequence
-from flashtrain.inference.checkpoint import load_for_inference
 from flashtrain.inference.generate import generate
+from flashtrain.inference.run_tokenizer import run_config
 
 
 def most_frequent_values(prompt: list[int]) -> set[int]:
@@ -94,15 +95,16 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=512, help="per prompt set")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    loaded = load_for_inference(args.checkpoint)
-    data = loaded.config.data
+    model, info = load_model(args.checkpoint)
+    config = run_config(info)
+    data = config.data
     if data.loader != "synthetic":
-        print(f"error: {loaded.path} was trained on {data.loader} data, not synthetic recall",
+        print(f"error: {info.path} was trained on {data.loader} data, not synthetic recall",
               file=sys.stderr)  # fmt: skip
         return 2
-    result = recall_accuracy(loaded.model, data.num_keys, data.num_values,
-                             int(loaded.config.seq_len), args.prompts, args.seed)  # fmt: skip
-    print(json.dumps({**loaded.facts(), **result}))
+    result = recall_accuracy(model, data.num_keys, data.num_values,
+                             int(config.seq_len), args.prompts, args.seed)  # fmt: skip
+    print(json.dumps({**info.facts(), **result}))
     return 0
 
 

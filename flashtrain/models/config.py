@@ -52,7 +52,9 @@ class TransformerConfig:
     activation: str = "gelu_tanh"  # gelu | gelu_tanh
     recompute: str = "none"  # none | all | every_k (torch.utils.checkpoint, non-reentrant)
     recompute_every: int = 1  # every_k: blocks 0, k, 2k, ... are recomputed
-    init_from: str | None = None  # checkpoint to start from (positions resized); hf:PATH_OR_ID
+    # weights to start from (positions resized): a checkpoint folder, a torch file, hf:PATH_OR_ID;
+    # read by flashtrain.checkpoint.initial_weights after the model is built, never by the model
+    init_from: str | None = None
     init_positions: str = "interpolate"  # interpolate | copy: how init_from's positions resize
 
     def __post_init__(self):

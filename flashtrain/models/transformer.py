@@ -19,7 +19,6 @@ from torch.utils.checkpoint import checkpoint
 
 from flashtrain.models.attention_layers import Attention, AttentionContext, build_attention
 from flashtrain.models.config import TransformerConfig
-from flashtrain.models.init_sources import init_source_for
 from flashtrain.models.positions import apply_rotary, resize_position_tables
 from flashtrain.models.qkv import split_qkv_projection
 
@@ -120,37 +119,15 @@ class TransformerModel(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg, self.attn_op, norm) for _ in range(cfg.n_layer)])
 
     def finish_init(self) -> None:
-        if any(p.is_meta for p in self.parameters()):
-            return  # built on the meta device: call initialize() after to_empty()
-        self.initialize()
-
-    def initialize(self) -> None:
-        """Fresh weights (init_weights), then model.init_from's weights if configured: a torch
-        state dict or a trainer checkpoint's model_optim.pt file, or a registered source
-        (flashtrain/models/init_sources.py): a trainer checkpoint folder in either format
-        (flashtrain.train), hf:PATH_OR_ID (flashtrain.hf).
-
-        Runs at construction; a model built under `torch.device("meta")` runs it after
-        `to_empty(device=...)` (FSDP2-style deferred init)."""
-        self.init_weights()
-        ref = self.config.init_from
-        if not ref:
-            return
-        load = init_source_for(ref)
-        if load is not None:
-            state = load(ref, self)
-        else:
-            state = torch.load(ref, map_location="cpu", weights_only=True)
-            if isinstance(state, dict) and isinstance(state.get("model"), dict):
-                state = state["model"]  # a trainer checkpoint's model_optim.pt
-            if not isinstance(state, dict):
-                raise ValueError(f"model.init_from={ref!r} holds no state dict")
-        try:
-            self.load_state_dict_extended(state, mode=self.config.init_positions)
-        except RuntimeError as e:  # missing / unexpected keys, other shapes: not this model's
-            raise ValueError(f"model.init_from={ref!r} does not fit this model: {e}") from e
+        """Fresh weights, unless built on the meta device: then flashtrain.models.materialize
+        initialises them where they are placed (each rank its shards), and weights from a
+        checkpoint come after, as a step of their own (flashtrain.checkpoint.initial_weights)."""
+        if not any(p.is_meta for p in self.parameters()):
+            self.init_weights()
 
     def init_weights(self) -> None:
+        """Fresh weights in place; elementwise draws only (normal, zeros, ones), so it runs as
+        well on one rank's shards of every tensor (materialize.py)."""
         raise NotImplementedError
 
     # ---- recomputation

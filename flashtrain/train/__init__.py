@@ -8,7 +8,6 @@ run(cfg)            # cfg composed from configs/train.yaml
 from flashtrain.train.config import ConfigError, TrainConfig, batch_plan, validate_config
 from flashtrain.train.config_store import register_schemas
 from flashtrain.train.entry import main, run
-from flashtrain.train.init_from import checkpoint_init_state  # registers init_from=<folder>
 from flashtrain.train.trainer import Trainer
 
 __all__ = [
@@ -16,7 +15,6 @@ __all__ = [
     "TrainConfig",
     "Trainer",
     "batch_plan",
-    "checkpoint_init_state",
     "main",
     "register_schemas",
     "run",

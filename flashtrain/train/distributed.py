@@ -90,35 +90,6 @@ def teardown_distributed(barrier: bool = False) -> None:
         dist.destroy_process_group()
 
 
-def is_main_process() -> bool:
-    """Rank 0, or the only process (no process group)."""
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank src's `obj` on every rank (a no-op without a process group)."""
-    if not dist.is_initialized():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
-def gather_objects(obj: Any) -> list[Any]:
-    """[obj of rank 0, obj of rank 1, ...] on every rank."""
-    if not dist.is_initialized():
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
 def resolve_strategy(strategy: str, world_size: int) -> str:
     if strategy == "auto":
         return "ddp" if world_size > 1 else "single"

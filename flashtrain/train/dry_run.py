@@ -19,7 +19,13 @@ from flashtrain.train.context_parallel import (
     setup_context_parallel,
 )
 from flashtrain.train.distributed import DistEnv, resolve_strategy
-from flashtrain.train.memory_estimate import MemoryEstimate, estimate_memory, gib
+from flashtrain.train.memory_estimate import (
+    BuildMemory,
+    MemoryEstimate,
+    estimate_build_memory,
+    estimate_memory,
+    gib,
+)
 from flashtrain.train.metrics import lookup_gpu_peak
 from flashtrain.utils import format_count
 
@@ -120,9 +126,27 @@ def dry_run_plan(
     memory = memory_for(model, trainer_cfg, world.plan, world.strategy, trainer_cfg.precision)
     assumed = assumed_world_line(launched, world.size, trainer_cfg.context_parallel)
     lines = memory_lines(memory, model, world.plan, world.strategy)
+    lines.append(build_memory_line(build_memory_for(model, world.strategy, world.plan.world_size)))
     precision = estimate_precision(trainer_cfg.precision)
     lines.append(gpu_step_line(flops_per_token, world.plan, precision, gpu_name))
     return memory, ([assumed] if assumed else []) + lines
+
+
+def build_memory_for(model: Any, strategy: str, world_size: int) -> BuildMemory:
+    """The build-and-load peak per rank (memory_estimate.estimate_build_memory) of `model`."""
+    return estimate_build_memory(
+        params=model.num_parameters(),
+        largest_tensor=max(p.numel() for p in model.parameters()),
+        strategy=strategy,
+        world_size=world_size,
+    )
+
+
+def build_memory_line(m: BuildMemory) -> str:
+    return (
+        f"memory per rank while the model is built and given its initial weights (estimate): "
+        f"{gib(m.device)} on the GPU, {gib(m.host)} on the host ({m.how})"
+    )
 
 
 def gpu_step_line(

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from flashtrain.train.checkpoint_manifest import NoSpaceError
+from flashtrain.checkpoint.manifest import NoSpaceError
 from flashtrain.train.errors import USER_ERRORS, describe
 from flashtrain.train.faults import NonFiniteLossError, Preempted
 from flashtrain.train.trainer import Trainer, ensure_logging, log

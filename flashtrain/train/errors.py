@@ -18,8 +18,8 @@ import contextlib
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from flashtrain.checkpoint.manifest import CheckpointError
 from flashtrain.data.token_cache import TokenCacheError
-from flashtrain.train.checkpoint import CheckpointError
 from flashtrain.typed_config import ConfigError
 
 # Exceptions that are the user's to fix, whatever raises them (order: most common first).

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from flashtrain.train.distributed import DistEnv, all_reduce_sum
+from flashtrain.collectives import all_reduce_sum
+from flashtrain.train.distributed import DistEnv
 from flashtrain.train.prefetch import to_device
 
 

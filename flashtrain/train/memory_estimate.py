@@ -115,5 +115,33 @@ def estimate_memory(
     )
 
 
+@dataclass(frozen=True)
+class BuildMemory:
+    """Bytes per rank while the model is built, placed and given its initial weights."""
+
+    device: float
+    host: float
+    how: str  # what the figures assume, for the summary
+
+
+def estimate_build_memory(
+    *, params: int, largest_tensor: int, strategy: str, world_size: int
+) -> BuildMemory:
+    """The peak per rank of building on the meta device and materialising on a GPU
+    (models/materialize.py). FSDP2: on the device, each rank's fp32 shards; on the host, one
+    tensor at most (the rows being read pass through it; a positional table to resize is read
+    whole). One process or DDP: the whole fp32 model, initialised on the host (bit for bit a
+    CPU-built model's) and copied to the device. Checkpoint files are memory-mapped: their
+    pages are the page cache's, not counted."""
+    whole = 4.0 * params
+    if strategy == "fsdp":
+        return BuildMemory(
+            device=whole / world_size,
+            host=4.0 * largest_tensor,
+            how=f"FSDP2: the fp32 shards of {world_size} ranks; one tensor on the host",
+        )
+    return BuildMemory(device=whole, host=whole, how="the whole fp32 model, on host and device")
+
+
 def gib(n_bytes: float) -> str:
     return f"{n_bytes / GIB:.1f} GiB"

@@ -139,8 +139,10 @@ def measure_matmul_flops(
 ) -> float:
     """FLOP/s this device reaches on a float32 matmul (best of a few short trials): a sustained-
     speed yardstick for the CPU time estimate, not the theoretical peak."""
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size, device=device)
+    # its own generator: measuring must not move the run's seeded stream (initial weights)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, generator=gen)
+    b = torch.randn(size, size, device=device, generator=gen)
     a @ b  # warm up
     best = float("inf")
     for _ in range(trials):
@@ -235,3 +237,20 @@ def format_duration(seconds: float | None) -> str:
 
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def build_peak_line(device: torch.device, estimate) -> str:
+    """This rank's measured peaks so far (the GPU's allocated bytes, the process's resident
+    set), beside the build estimate (memory_estimate.BuildMemory) they are checked against."""
+    import resource
+
+    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    measured = f"host peak RSS {host / 2**30:.2f} GiB"
+    if device.type == "cuda":
+        measured = (
+            f"GPU peak {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB, " + measured
+        )
+    return (
+        f"{measured} (estimate for a GPU run: {estimate.device / 2**30:.2f} GiB GPU, "
+        f"{estimate.host / 2**30:.2f} GiB host beyond the process's own; {estimate.how})"
+    )

@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from flashtrain.train import checkpoint as ckpt
-from flashtrain.train.checkpoint_save import save_checkpoint
+from flashtrain.checkpoint import read as ckpt
+from flashtrain.checkpoint.write import save_checkpoint
+from flashtrain.collectives import broadcast_object, gather_objects
 from flashtrain.train.config import ConfigError, TrainConfig, config_dict, config_yaml
-from flashtrain.train.distributed import DistEnv, broadcast_object, gather_objects
+from flashtrain.train.distributed import DistEnv
 from flashtrain.train.optim import (
     describe_schedule_changes,
     follow_schedule_from,

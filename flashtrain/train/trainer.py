@@ -26,20 +26,22 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
+from flashtrain.checkpoint import initial_weights
+from flashtrain.checkpoint.run_info import write_run_info
+from flashtrain.checkpoint.run_lock import CheckpointDirBusy, RunLock
+from flashtrain.collectives import all_reduce_sum, broadcast_object
 from flashtrain.data import build_data
 from flashtrain.train.config import ConfigError, config_dict, config_yaml, validate_config
 from flashtrain.train.cpu_estimate import estimate_cpu_step_time, refuse_slow_cpu_run
 from flashtrain.train.distributed import (
     DistEnv,
-    all_reduce_sum,
-    broadcast_object,
     resolve_precision,
     setup_distributed,
     teardown_distributed,
     unwrap,
     wrap_model,
 )
-from flashtrain.train.dry_run import dry_run_plan, plan_world
+from flashtrain.train.dry_run import build_memory_for, dry_run_plan, plan_world
 from flashtrain.train.errors import from_config
 from flashtrain.train.evaluation import evaluate_model
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
@@ -49,6 +51,7 @@ from flashtrain.train.memory_estimate import MemoryEstimate
 from flashtrain.train.metrics import (
     PeakFlops,
     Throughput,
+    build_peak_line,
     device_peak_flops,
     format_duration,
     measure_matmul_flops,
@@ -57,8 +60,6 @@ from flashtrain.train.metrics import (
 from flashtrain.train.optim import build_optimizer, build_scheduler
 from flashtrain.train.prefetch import StepPrefetcher, to_device
 from flashtrain.train.progress import Progress, format_metrics
-from flashtrain.train.run_info import write_run_info
-from flashtrain.train.run_lock import CheckpointDirBusy, RunLock
 from flashtrain.train.run_state import RunCheckpoints, RunState
 from flashtrain.utils import format_count, git_commit
 
@@ -152,13 +153,11 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
 
-        # Same seed on every rank: identical initial weights (FSDP2 shards them in place).
+        # The seed fixes the initial weights: one process's bit for bit (as a model built on
+        # CPU), and every rank's shards under FSDP2 (flashtrain/models/materialize.py).
         set_seed(cfg.seed)
-        # A dry run (max_steps=0) builds the model on the meta device: counts without weights.
-        meta = torch.device("meta") if self.dry_run else contextlib.nullcontext()
-        if str(cfg.model.init_from or "").startswith("hf:"):  # transformers weights: flashtrain.hf
-            import flashtrain.hf  # noqa: F401  (registers the models' hf: init source)
-        with from_config("model"), meta:
+        # Built on the meta device: no memory until the model is placed (below; a dry run never)
+        with from_config("model"), torch.device("meta"):
             model = self.cp.build_model(cfg.model, cfg.attention)  # ring attention when cp > 1
         self.num_params = int(model.num_parameters())
         self.flops_per_token = float(model.estimate_flops_per_token(cfg.seq_len))
@@ -190,18 +189,10 @@ class Trainer:
                 self.cpu_step_estimate, flops_per_step, t.max_steps, t.cpu_step_time_limit_s
             )
         self._lock_checkpoint_folder()  # one run per checkpoint folder, one it can write
-        model.to(env.device)
         if self.compile_blocks:
             for block in model.blocks:
                 block.compile()
-        self.model = wrap_model(
-            model,
-            self.strategy,
-            env,
-            precision=self.precision,
-            trainer_cfg=t,
-            mesh=self.cp.gradient_mesh,
-        )
+        self.model = self._placed_with_initial_weights(model)
         self.raw_model = unwrap(self.model)
         with from_config("optim"):
             self.optimizer = build_optimizer(self.model, cfg.optim, env.device)
@@ -239,6 +230,29 @@ class Trainer:
             data=self.data,
             state=self.state,
         )
+
+    def _placed_with_initial_weights(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The meta-built model placed (FSDP2 shards it first, so each rank only ever holds its
+        shards; DDP needs whole weights to replicate) and given its initial weights: fresh, then
+        model.init_from's (flashtrain/checkpoint/initial_weights.py)."""
+        cfg, t, env = self.cfg, self.cfg.trainer, self.env
+
+        def place(m):
+            return wrap_model(
+                m, self.strategy, env, precision=self.precision, trainer_cfg=t,
+                mesh=self.cp.gradient_mesh,
+            )  # fmt: skip
+
+        if self.strategy == "fsdp":
+            model = place(model)
+        with from_config("model"):
+            initial_weights(
+                unwrap(model), cfg.model.init_from, device=env.device,
+                position_mode=cfg.model.init_positions,
+            )  # fmt: skip
+        estimate = build_memory_for(unwrap(model), self.strategy, env.world_size)
+        log.info("initial weights placed: %s", build_peak_line(env.device, estimate))
+        return model if self.strategy == "fsdp" else place(model)
 
     def _lock_checkpoint_folder(self) -> None:
         """Rank 0 takes the lock on the checkpoint folder (creating it: the check that it can

@@ -21,17 +21,27 @@ def _random_mask(heads, seqlen_q, seqlen_k, block_size, density, generator):
     return torch.rand(heads, nq, nk, generator=generator) < density
 
 
+EXPANDED_MASK_CASES = [
+    (200, 200, 4, 2, 4, False, 64),  # a mask per head, GQA
+    (200, 200, 2, 1, 1, True, 64),  # one shared mask, causal
+    (150, 300, 2, 1, 2, True, 64),  # seqlen_q < seqlen_k
+    (300, 150, 2, 2, 1, True, 64),  # seqlen_q > seqlen_k: rows with no key
+    (257, 257, 2, 2, 2, False, 128),
+]
+
+
 @pytest.mark.parametrize(
-    "seqlen_q, seqlen_k, heads_q, heads_kv, mask_heads, causal, block_size",
+    "seqlen_q, seqlen_k, heads_q, heads_kv, mask_heads, causal, block_size, dtype",
     [
-        (200, 200, 4, 2, 4, False, 64),  # a mask per head, GQA
-        (200, 200, 2, 1, 1, True, 64),  # one shared mask, causal
-        (150, 300, 2, 1, 2, True, 64),  # seqlen_q < seqlen_k
-        (300, 150, 2, 2, 1, True, 64),  # seqlen_q > seqlen_k: rows with no key
-        (257, 257, 2, 2, 2, False, 128),
+        # every case in fp16; fp32, the slower twin (~6 s a case under the interpreter), for the
+        # causal cases, the non-causal ones under -m slow (the suite's 10 minutes)
+        pytest.param(*case, dtype, marks=[pytest.mark.slow] if slow else [],
+                     id=f"{name}-{'-'.join(map(str, case))}")
+        for case in EXPANDED_MASK_CASES
+        for dtype, name in ((torch.float16, "fp16"), (torch.float32, "fp32"))
+        for slow in [dtype == torch.float32 and not case[5]]
     ],
-)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+)  # fmt: skip
 def test_matches_dense_reference_with_expanded_mask(
     route, seqlen_q, seqlen_k, heads_q, heads_kv, mask_heads, causal, block_size, dtype
 ):

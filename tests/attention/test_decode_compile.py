@@ -29,6 +29,8 @@ def _compile(tmp_path, *args) -> list[dict]:
     return [json.loads(line) for line in run.stdout.splitlines()]
 
 
+@pytest.mark.slow  # ~10-30 s of ptxas (the suite's 10 minutes); the decode launches also compile
+# in the launch contract's "all" set (-m slow)
 def test_decode_kernels_compile_to_cubin(tmp_path):
     """The whole pipeline to an sm_90 cubin (~10 s): split and combine of every launch (the
     one-split chunked prefill writes its output directly: no combine), shared memory within the

@@ -8,7 +8,7 @@ import torch
 from data_testing import lm_config
 
 from flashtrain.data import build_data
-from flashtrain.data.lm import lm_batch
+from flashtrain.data.lm_batches import lm_batch
 from flashtrain.data.sampling import EpochSampler
 
 SEQ, BATCH = 31, 4

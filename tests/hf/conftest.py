@@ -23,6 +23,6 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="session")
 def exported(trained, tmp_path_factory):
     """That checkpoint exported to a transformers folder."""
-    from flashtrain.hf.export import export_checkpoint
+    from flashtrain.checkpoint.export_hf import export_checkpoint
 
     return export_checkpoint(trained / "checkpoints", tmp_path_factory.mktemp("hf") / "tiny-gpt2")

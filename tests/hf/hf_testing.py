@@ -120,7 +120,7 @@ def save_model_checkpoint(root: Path, model, run_config: dict, *, sharded=False,
     from one process), with `run_config` as its config.yaml."""
     from omegaconf import OmegaConf
 
-    from flashtrain.train.checkpoint_save import save_checkpoint
+    from flashtrain.checkpoint.write import save_checkpoint
 
     optimizer = torch.optim.AdamW(model.parameters())
     meta = {"model_config": dataclasses.asdict(model.config), "run_name": "test"}

@@ -1,4 +1,4 @@
-"""scripts/export_hf.py (flashtrain.hf.export_cli): a trained checkpoint becomes a folder
+"""scripts/export_hf.py (flashtrain.checkpoint.export_cli): a trained checkpoint becomes a folder
 from_pretrained loads, computing flashtrain's logits; sharded (DCP) checkpoints, tokenizer files,
 byte-level notes, refusals."""
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 from hf_testing import REPO, TINY_RUN, rel_err, save_model_checkpoint, transformers
 
-from flashtrain.hf.checkpoint_model import load_checkpoint_model
-from flashtrain.hf.export import export_checkpoint
-from flashtrain.hf.export_cli import main
+from flashtrain.checkpoint import load_model
+from flashtrain.checkpoint.export_cli import main
+from flashtrain.checkpoint.export_hf import export_checkpoint
 from flashtrain.models import build_model
 
 
@@ -56,7 +56,7 @@ def test_exported_run_loads_with_from_pretrained(trained, tmp_path):
     assert str(trained.parent) not in readme and "/tmp" not in readme and "init_from" not in readme
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    model, info = load_checkpoint_model(trained / "checkpoints")
+    model, info = load_model(trained / "checkpoints", attention={"impl": "reference"})
     assert info.step == 6
     ids = torch.randint(0, 16, (2, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -169,7 +169,8 @@ def test_refusals(tmp_path, trained, capsys):
     export_checkpoint(trained / "checkpoints", tmp_path / "taken", overwrite=True)
     assert main([str(tmp_path / "absent"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "absent does not exist; name a step_NNNNNN folder" in err and "trainer.resume" not in err
+    missing = f"{tmp_path / 'absent'}: no such file or folder (a trainer checkpoint folder"
+    assert missing in err and "trainer.resume" not in err
     assert (tmp_path / "taken" / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "taken"]
 

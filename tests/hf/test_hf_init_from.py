@@ -6,9 +6,18 @@ import pytest
 import torch
 from hf_testing import TINY_RUN, run_train, step_losses, tiny_bert_mlm
 
-import flashtrain.hf  # noqa: F401  (registers model.init_from=hf:...)
+from flashtrain.checkpoint import initial_weights
 from flashtrain.models import build_model
 from flashtrain.models.positions import resize_positions
+
+
+def initialised(cfg: dict, attention="reference"):
+    """The model `cfg` builds, given its initial weights (model.init_from's) as the trainer
+    does."""
+    model = build_model(cfg, attention)
+    initial_weights(model, model.config.init_from)
+    return model
+
 
 FEW_STEPS = [*TINY_RUN, "trainer.max_steps=3", "trainer.ckpt_interval=0", "trainer.eval_interval=0"]
 
@@ -38,9 +47,9 @@ def test_longer_context_interpolates_positions(exported):
 
     wpe = load_file(str(exported / "model.safetensors"))["transformer.wpe.weight"]  # (64, C)
     cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=64, vocab_size=16, max_seq_len=128)
-    model = build_model({**cfg, "init_from": f"hf:{exported}"}, {"impl": "reference"})
+    model = initialised({**cfg, "init_from": f"hf:{exported}"}, {"impl": "reference"})
     assert torch.equal(model.wpe.weight.detach(), resize_positions(wpe, 128, "interpolate"))
-    copied = build_model(
+    copied = initialised(
         {**cfg, "init_from": f"hf:{exported}", "init_positions": "copy"}, "reference"
     )
     assert torch.equal(copied.wpe.weight.detach()[64:], wpe)
@@ -51,7 +60,7 @@ def test_shorter_context_takes_the_first_positions(exported):
 
     wpe = load_file(str(exported / "model.safetensors"))["transformer.wpe.weight"]  # (64, C)
     cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=64, vocab_size=16, max_seq_len=24)
-    model = build_model({**cfg, "init_from": f"hf:{exported}"}, {"impl": "reference"})
+    model = initialised({**cfg, "init_from": f"hf:{exported}"}, {"impl": "reference"})
     assert torch.equal(model.wpe.weight.detach(), wpe[:24])
 
 
@@ -64,14 +73,14 @@ def test_architecture_mismatch_is_refused_naming_the_field(exported, tmp_path):
             ValueError,
             match=rf"model.{field}={value!r} but the Hugging Face checkpoint hf:.* has {theirs}",
         ):
-            build_model({**cfg, field: value, "init_from": f"hf:{exported}"}, "reference")
+            initialised({**cfg, field: value, "init_from": f"hf:{exported}"}, "reference")
     with pytest.raises(
         ValueError, match="model.arch=bert but the Hugging Face checkpoint .* model_type='gpt2'"
     ):
-        build_model(dict(arch="bert", n_layer=2, n_head=2, d_model=64, vocab_size=16,
+        initialised(dict(arch="bert", n_layer=2, n_head=2, d_model=64, vocab_size=16,
                          init_from=f"hf:{exported}"), "reference")  # fmt: skip
     with pytest.raises(FileNotFoundError, match="no such folder"):
-        build_model({**cfg, "init_from": f"hf:{tmp_path}/absent"}, "reference")
+        initialised({**cfg, "init_from": f"hf:{tmp_path}/absent"}, "reference")
 
 
 def test_offline_and_missing_hub_id_is_one_clear_error(monkeypatch, tmp_path):
@@ -79,7 +88,7 @@ def test_offline_and_missing_hub_id_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=64, vocab_size=16, max_seq_len=64)
     with pytest.raises(FileNotFoundError) as err:
-        build_model({**cfg, "init_from": "hf:openai-community/gpt2"}, "reference")
+        initialised({**cfg, "init_from": "hf:openai-community/gpt2"}, "reference")
     message = str(err.value)
     assert "'openai-community/gpt2' is not in the cache" in message
     assert "HF_HUB_OFFLINE=1 forbids downloading it" in message and str(tmp_path / "hub") in message
@@ -96,7 +105,7 @@ def test_classifier_starts_from_a_masked_lm_checkpoint(tmp_path):
     torch.manual_seed(0)
     fresh = build_model(cfg, "reference")
     torch.manual_seed(0)
-    model = build_model({**cfg, "init_from": f"hf:{tmp_path / 'mlm'}"}, "reference")
+    model = initialised({**cfg, "init_from": f"hf:{tmp_path / 'mlm'}"}, "reference")
     attn = hf.bert.encoder.layer[1].attention.self
     want = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight])
     assert torch.equal(model.blocks[1].attn.c_attn.weight.detach(), want.detach())

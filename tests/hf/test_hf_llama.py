@@ -152,6 +152,7 @@ def test_llama_refusals():
 def test_init_from_a_llama_folder_at_a_longer_context(tmp_path):
     """model.init_from=hf: with the run's own rope_scaling (a longer context than the
     checkpoint's): the weights as they are; an architecture mismatch refused naming the field."""
+    from flashtrain.checkpoint import initial_weights
     from flashtrain.models import build_model
 
     hf = tiny().float()
@@ -160,18 +161,20 @@ def test_init_from_a_llama_folder_at_a_longer_context(tmp_path):
                rms_norm_eps=1e-6, rope_theta=10000.0, max_seq_len=64,
                rope_scaling=dict(type="linear", factor=4.0), init_from=f"hf:{tmp_path / 'llama'}")  # fmt: skip
     model = build_model(cfg, REF)
+    initial_weights(model, model.config.init_from)
     assert torch.equal(
         model.blocks[1].self_attn.k_proj.weight, hf.model.layers[1].self_attn.k_proj.weight
     )
     assert torch.equal(model.lm_head.weight, hf.lm_head.weight)
+    mismatched = build_model({**cfg, "n_kv_head": 4}, REF)
     with pytest.raises(ValueError, match=r"model.n_kv_head=4 but .* num_key_value_heads=2"):
-        build_model({**cfg, "n_kv_head": 4}, REF)
+        initial_weights(mismatched, mismatched.config.init_from)
 
 
 def test_export_of_a_llama_checkpoint(tmp_path):
     from hf_testing import save_model_checkpoint
 
-    from flashtrain.hf.export import export_checkpoint
+    from flashtrain.checkpoint.export_hf import export_checkpoint
     from flashtrain.models import build_model
 
     torch.manual_seed(3)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from hf_testing import assert_same_state, tiny_gpt2
 
+from flashtrain.checkpoint import initial_weights
 from flashtrain.hf import from_hf, to_hf
 from flashtrain.models import build_model
 
@@ -49,6 +50,7 @@ def test_a_cached_hub_model_loads_offline(tmp_path, monkeypatch):
     assert_same_state(to_hf(from_hf(REPO_ID, attention=REF)).state_dict(), hf.state_dict())
     cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=32, vocab_size=61, max_seq_len=40)
     model = build_model({**cfg, "init_from": f"hf:{REPO_ID}"}, REF)
+    initial_weights(model, model.config.init_from)
     assert torch.equal(model.wte.weight.detach(), hf.transformer.wte.weight.detach())
 
 

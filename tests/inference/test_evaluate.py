@@ -9,8 +9,8 @@ import pytest
 import torch
 from inference_testing import tiny_llama
 
+from flashtrain.checkpoint import load_model
 from flashtrain.data.registry import build_data
-from flashtrain.inference.checkpoint import load_for_inference
 from flashtrain.inference.evaluate import (
     bucket_edges,
     evaluate_length,
@@ -18,22 +18,23 @@ from flashtrain.inference.evaluate import (
     window_starts,
 )
 from flashtrain.inference.evaluate_cli import main
+from flashtrain.inference.run_tokenizer import run_config, run_tokenizer
 from flashtrain.lab.checkout import CONFIGS
 
 
 def _data(run):
-    return load_for_inference(run).config.data
+    return run_config(load_model(run)[1]).data
 
 
 def test_loss_equals_the_models_own_loss_on_the_same_windows(text_run):
-    loaded = load_for_inference(text_run)
-    data = loaded.config.data
-    result = evaluate_length(loaded.model, data, 32, batch_size=4, max_batches=3)
+    model, info = load_model(text_run)
+    data = run_config(info).data
+    result = evaluate_length(model, data, 32, batch_size=4, max_batches=3)
     module = build_data(data, seq_len=32, micro_batch_size=4, seed=1234, eval_batches=3)
     total = count = 0.0
     with torch.no_grad():
         for batch in module.val_batches():
-            out = loaded.model(**batch)  # with the documents' fields where present
+            out = model(**batch)  # with the documents' fields where present
             total += float(out.loss) * int(out.num_targets)
             count += int(out.num_targets)
     assert result.tokens == count
@@ -60,9 +61,9 @@ def test_loss_is_the_models_own_with_a_final_logit_softcap():
 
 
 def test_sliding_windows_score_every_token_once(text_run):
-    loaded = load_for_inference(text_run)
+    model, info = load_model(text_run)
     seq_len, stride, batches = 32, 8, 10  # 40 windows starting 0, 8, ..., 312
-    result = evaluate_length(loaded.model, loaded.config.data, seq_len, stride=stride,
+    result = evaluate_length(model, run_config(info).data, seq_len, stride=stride,
                              batch_size=4, max_batches=batches)  # fmt: skip
     assert result.tokens == 39 * stride + seq_len  # labels 1 .. 312 + 32, each once
     # positions before seq_len - stride are scored only in the first window: once each
@@ -79,12 +80,12 @@ def test_sliding_windows_over_the_whole_split_score_all_but_the_first_token(
 ):
     """Without a cap the windows reach the split's end: the last one scores the tail the
     strided ones leave, so the scored tokens are the split's tokens minus the first."""
-    loaded = load_for_inference(text_run)
-    data = loaded.config.data
+    model, info = load_model(text_run)
+    data = run_config(info).data
     split = build_data(data, seq_len=seq_len, micro_batch_size=4, seed=1234, eval_batches=None)
     length = len(split.splits["validation"].tokens)
     assert (length - 1 - seq_len) % stride, "a tail the strides leave"
-    result = evaluate_length(loaded.model, data, seq_len, stride=stride, batch_size=16)
+    result = evaluate_length(model, data, seq_len, stride=stride, batch_size=16)
     assert result.tokens == length - 1
     assert result.windows == f"sliding, stride {stride}"
 
@@ -103,15 +104,16 @@ def test_windows_cover_each_label_once():
 def test_bits_per_byte_leave_out_the_end_of_document_token(text_run):
     """Every line of the text run is a document ending in <eos> (id 256): bits per byte are the
     loss on byte targets alone."""
-    loaded = load_for_inference(text_run)
-    data = loaded.config.data
-    eos = loaded.tokenizer.eos_id
-    result = evaluate_length(loaded.model, data, 32, batch_size=4, max_batches=3,
-                             special_ids=loaded.tokenizer.special_ids)  # fmt: skip
+    model, info = load_model(text_run)
+    data = run_config(info).data
+    tokenizer = run_tokenizer(data)
+    eos = tokenizer.eos_id
+    result = evaluate_length(model, data, 32, batch_size=4, max_batches=3,
+                             special_ids=tokenizer.special_ids)  # fmt: skip
     module = build_data(data, seq_len=32, micro_batch_size=4, seed=1234, eval_batches=3)
     text_sum = text_count = eos_count = 0
     for batch in module.val_batches():
-        losses = token_losses(loaded.model, batch)
+        losses = token_losses(model, batch)
         labels = batch["labels"]
         text = (labels != -100) & (labels < 256)
         text_sum += float(losses[text].double().sum())
@@ -122,8 +124,8 @@ def test_bits_per_byte_leave_out_the_end_of_document_token(text_run):
 
 
 def test_synthetic_reports_the_known_optimum(recall_run):
-    loaded = load_for_inference(recall_run)
-    result = evaluate_length(loaded.model, loaded.config.data, 64, max_batches=2)
+    model, info = load_model(recall_run)
+    result = evaluate_length(model, run_config(info).data, 64, max_batches=2)
     assert result.position_optimal[0] == pytest.approx(math.log(8))  # position 0: key never seen
     assert result.optimal_loss < result.loss < math.log(16)  # 6 steps: better than uniform
 

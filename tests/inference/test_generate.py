@@ -95,9 +95,9 @@ def test_cache_equals_recomputing_on_a_trained_checkpoint(route, recall_run, mon
     """On the session's checkpoint of a short `python train.py` (GPT-2, recall data): the same
     greedy tokens, and the same logits at every step (a model trained for 6 steps barely uses its
     context, so the tokens alone would not notice a broken cache; its logits do)."""
-    from flashtrain.inference.checkpoint import load_for_inference
+    from flashtrain.checkpoint import load_model
 
-    model = load_for_inference(recall_run).model
+    model, _ = load_model(recall_run)
     prompts = [[3, 11, 5, 12, 3, 11, 0], [1, 9], [7, 14, 2, 8, 6, 13, 7, 14, 6]]
     got, seen = _generate_seeing_logits(monkeypatch, model, prompts, 6)
     assert got == [_recompute_greedy(model, p, 6) for p in prompts]
@@ -177,8 +177,8 @@ def test_streaming_holds_back_an_incomplete_utf8_character():
     """Byte-level tokens arrive one UTF-8 byte at a time: a 2-, 3- or 4-byte character is printed
     once, whole, never as U+FFFD; bytes that never make a character are printed at the end."""
     from flashtrain.data.tokenization import ByteTokenizer
-    from flashtrain.inference.checkpoint import TextTokenizer
     from flashtrain.inference.generate_cli import Streamer
+    from flashtrain.inference.run_tokenizer import TextTokenizer
 
     tokenizer = TextTokenizer(ByteTokenizer())
     text = "héllo → 🙂 ok"

@@ -1,6 +1,6 @@
-"""load_for_inference reads a checkpoint's weights through checkpoint.read_model_state, in either of
-the trainer's formats: "torch" (model_optim.pt) and "dcp" (FSDP2's shards, no model_optim.pt;
-written here from one process). The loaded model holds exactly the saved weights; at a longer
+"""flashtrain.checkpoint.load_model reads a run's checkpoint in either of the trainer's formats:
+"torch" (model_optim.pt) and "dcp" (FSDP2's shards, no model_optim.pt; written here from one
+process). The loaded model holds exactly the saved weights; at a longer
 context GPT-2's learned position table is the saved one tiled (position_mode=copy)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from flashtrain.inference.checkpoint import load_for_inference
+from flashtrain.checkpoint import load_model
+from flashtrain.checkpoint.read import MODEL_OPTIM
+from flashtrain.checkpoint.write import save_checkpoint
 from flashtrain.models import build_model
-from flashtrain.train.checkpoint import MODEL_OPTIM
-from flashtrain.train.checkpoint_save import save_checkpoint
 
 TINY_GPT2 = dict(arch="gpt2", n_layer=1, n_head=2, d_model=32, vocab_size=23, max_seq_len=16)
 
@@ -42,9 +42,9 @@ def _saved_run(run_dir, *, sharded: bool):
 @pytest.mark.parametrize("sharded", [False, True], ids=["torch", "dcp"])
 def test_both_formats_load_the_saved_weights(tmp_path, sharded):
     saved, step_dir = _saved_run(tmp_path, sharded=sharded)
-    loaded = load_for_inference(tmp_path)  # the run directory: its newest checkpoint
-    assert (loaded.path, loaded.step, loaded.run_name) == (step_dir, 3, "tiny")
-    want, got = saved.state_dict(), loaded.model.state_dict()
+    model, info = load_model(tmp_path)  # the run directory: its newest checkpoint
+    assert (info.path, info.step, info.run_name) == (step_dir, 3, "tiny")
+    want, got = saved.state_dict(), model.state_dict()
     assert got.keys() == want.keys()
     for name, value in want.items():
         assert torch.equal(got[name], value), name
@@ -53,8 +53,8 @@ def test_both_formats_load_the_saved_weights(tmp_path, sharded):
 @pytest.mark.parametrize("sharded", [False, True], ids=["torch", "dcp"])
 def test_a_longer_context_tiles_the_learned_positions(tmp_path, sharded):
     saved, _ = _saved_run(tmp_path, sharded=sharded)
-    loaded = load_for_inference(tmp_path, max_seq_len=40, position_mode="copy")
-    want, got = saved.state_dict(), loaded.model.state_dict()
+    model, _ = load_model(tmp_path, max_seq_len=40, position_mode="copy")
+    want, got = saved.state_dict(), model.state_dict()
     table = want["wpe.weight"]  # (16, 32)
     assert torch.equal(got["wpe.weight"], torch.cat([table, table, table[:8]]))  # (40, 32)
     for name, value in want.items():
@@ -62,23 +62,42 @@ def test_a_longer_context_tiles_the_learned_positions(tmp_path, sharded):
             assert torch.equal(got[name], value), name
 
 
+def _mapped_ranges(file) -> list[tuple[int, int]]:
+    """The address ranges of this process that map `file` (/proc/self/maps)."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(file):
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((lo, hi))
+    return ranges
+
+
 def test_the_weights_are_held_once(tmp_path, monkeypatch):
-    """The model takes the tensors the checkpoint was read into (no second copy of the weights in
-    host memory): each parameter's storage is the one read_model_state returned."""
-    import flashtrain.inference.checkpoint as inference_checkpoint
+    """One copy of the weights in host memory, the model's: the checkpoint file is memory-mapped
+    (the tensors read are its pages, not a second copy in memory, copied into the parameters
+    tensor by tensor), and a checkpoint holding every weight draws no fresh weights first."""
+    import flashtrain.checkpoint.sources as sources
 
-    _saved_run(tmp_path, sharded=False)
-    read, read_model_state = {}, inference_checkpoint.read_model_state
+    _, step_dir = _saved_run(tmp_path, sharded=False)
+    read, torch_load = {}, sources.torch_load
 
-    def reading(path):  # the real reader, remembering what it returned
-        state, step_dir = read_model_state(path)
-        read.update(state)
-        return state, step_dir
+    def reading(file, **kwargs):  # the real reader, remembering what it returned
+        state = torch_load(file, **kwargs)
+        read.update(state["model"])
+        return state
 
-    monkeypatch.setattr(inference_checkpoint, "read_model_state", reading)
-    model = load_for_inference(tmp_path).model
+    monkeypatch.setattr(sources, "torch_load", reading)
+    rng = torch.get_rng_state()
+    model, _ = load_model(tmp_path)
+    assert torch.equal(torch.get_rng_state(), rng)  # no fresh init drawn, to be overwritten
+    mapped = _mapped_ranges((step_dir / MODEL_OPTIM).resolve())
+    assert mapped, "model_optim.pt is not memory-mapped"
     params = dict(model.named_parameters())
     assert params.keys() == read.keys()
     for name, param in params.items():
-        assert param.data_ptr() == read[name].data_ptr(), name
+        assert any(lo <= read[name].data_ptr() < hi for lo, hi in mapped), name  # file pages
+        assert not any(lo <= param.data_ptr() < hi for lo, hi in mapped), name
+        assert torch.equal(param.detach(), read[name]), name
         assert param.requires_grad and param.device.type == "cpu", name

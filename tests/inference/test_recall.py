@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from inference_testing import train
 
-from flashtrain.inference.checkpoint import load_for_inference
+from flashtrain.checkpoint import load_model
 from flashtrain.inference.recall import (
     main,
     modal_score,
@@ -59,7 +59,7 @@ def test_the_default_run_against_chance_and_the_modal_baseline(tmp_path):
     negative result on the others. If a change makes the default run recall, the second
     assertion fails: then update docs/inference.md and the README, which say it does not."""
     run = train(tmp_path / "default", tiny=False, timeout=1800)
-    loaded = load_for_inference(run)
-    result = recall_accuracy(loaded.model, 8, 8, 128, count=512)
+    model, _ = load_model(run)
+    result = recall_accuracy(model, 8, 8, 128, count=512)
     assert result["accuracy"] > 2 * result["chance"], result
     assert result["not_modal_accuracy"] < result["chance"], result

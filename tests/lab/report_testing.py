@@ -1,4 +1,4 @@
-"""Run folders written by hand, as train.py (run.json: flashtrain/train/run_info.py),
+"""Run folders written by hand, as train.py (run.json: flashtrain/checkpoint/run_info.py),
 bench_attention.py and reproduce.py write them."""
 
 from __future__ import annotations

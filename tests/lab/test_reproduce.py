@@ -205,6 +205,7 @@ def test_driver_runs_reports_skips_finished_runs_and_resumes(tmp_path, capsys, m
     )
 
 
+@pytest.mark.slow  # ~9 s of interpreted kernels (the suite's 10 minutes)
 def test_driver_runs_the_kernel_benchmark(tmp_path, capsys, monkeypatch):
     """speed-memory's benchmark run: on a CPU, bench_attention.py writes tile counts."""
     monkeypatch.delenv("RANK", raising=False)

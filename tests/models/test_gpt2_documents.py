@@ -7,7 +7,7 @@ import pytest
 import torch
 from model_testing import TINY_GPT2
 
-from flashtrain.data.lm import lm_batch
+from flashtrain.data.lm_batches import lm_batch
 from flashtrain.models import build_model
 
 EOS = 0

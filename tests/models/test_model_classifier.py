@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from model_testing import TINY_CLASSIFIER
 
+from flashtrain.checkpoint import initial_weights
 from flashtrain.models import SequenceClassifier, build_model
 
 
@@ -49,7 +50,8 @@ def test_upsampling_positions_from_a_smaller_image(tmp_path):
     torch.save(small.state_dict(), path)
     from_cfg = build_model(
         {**TINY_CLASSIFIER, "init_from": str(path)}, {"impl": "sdpa"}
-    )  # the Hydra way: model.init_from=...
+    )  # the Hydra way: model.init_from=..., read as the trainer does
+    initial_weights(from_cfg, from_cfg.config.init_from)
     torch.testing.assert_close(from_cfg.pos_col.weight, big.pos_col.weight)
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from model_testing import TINY_GPT2, PeakMemory
 
+from flashtrain.checkpoint import initial_weights
 from flashtrain.models import GPT2, build_model, linear_cross_entropy
 
 
@@ -163,11 +164,11 @@ def test_extending_positions_from_a_shorter_checkpoint(tmp_path):
     torch.save({"model": short.state_dict(), "step": 10}, path)
     cfg = {**TINY_GPT2, "init_from": str(path), "init_positions": "copy"}
     from_cfg = build_model(cfg, {"impl": "sdpa"})
+    initial_weights(from_cfg, from_cfg.config.init_from)
     assert torch.equal(from_cfg.wpe.weight[32:], old)
-    with torch.device("meta"):  # deferred init: the checkpoint loads after to_empty()
+    with torch.device("meta"):  # deferred init: the checkpoint loads once placed on a device
         deferred = build_model(cfg, {"impl": "sdpa"})
-    deferred.to_empty(device="cpu")
-    deferred.initialize()
+    initial_weights(deferred, deferred.config.init_from, device="cpu")
     assert torch.equal(deferred.wpe.weight[32:], old)
     with pytest.raises(ValueError, match="allowed: interpolate, copy"):
         long.load_state_dict_extended(short.state_dict(), mode="cubic")

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from llama_testing import TINY_LLAMA, tiny_llama
 
-from flashtrain.data.lm import lm_batch
+from flashtrain.checkpoint import initial_weights
+from flashtrain.data.lm_batches import lm_batch
 from flashtrain.models import build_model
 from flashtrain.typed_config import ConfigError
 
@@ -244,6 +245,7 @@ def test_init_from_a_shorter_context_with_rope_scaling(tmp_path):
     long = build_model(
         {**TINY_LLAMA, "max_seq_len": 64, "init_from": str(path), "rope_scaling": scaling}, "sdpa"
     )
+    initial_weights(long, long.config.init_from)
     for name, value in short.state_dict().items():
         assert torch.equal(long.state_dict()[name], value), name
     ids = torch.randint(0, 97, (1, 16))

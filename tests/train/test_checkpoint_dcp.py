@@ -35,9 +35,9 @@ WORKER = textwrap.dedent(
         dist.init_process_group("gloo", rank=rank, world_size=2)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        from flashtrain.train import checkpoint as ckpt
-        from flashtrain.train import checkpoint_manifest
-        from flashtrain.train.checkpoint_save import save_checkpoint
+        from flashtrain.checkpoint import read as ckpt
+        from flashtrain.checkpoint import manifest as checkpoint_manifest
+        from flashtrain.checkpoint.write import save_checkpoint
 
         torch.manual_seed(0)
         model = Net()

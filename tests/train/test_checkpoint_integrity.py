@@ -12,8 +12,8 @@ import pytest
 import torch
 from test_train_checkpoint import digest, save, trained
 
-from flashtrain.train import checkpoint as ckpt
-from flashtrain.train import checkpoint_manifest
+from flashtrain.checkpoint import manifest as checkpoint_manifest
+from flashtrain.checkpoint import read as ckpt
 
 COMPLETE = {"config.yaml", "model_optim.pt", "trainer.pt"}  # besides meta.json
 

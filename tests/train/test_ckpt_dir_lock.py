@@ -19,10 +19,10 @@ import pytest
 from config_testing import REPO, compose
 from train_testing import TINY, run_train, subprocess_env
 
+from flashtrain.checkpoint.read import find_checkpoints
+from flashtrain.checkpoint.run_lock import CheckpointDirBusy, RunLock, holds_lock
 from flashtrain.train import main
-from flashtrain.train.checkpoint import find_checkpoints
 from flashtrain.train.entry import EXIT_USER_ERROR
-from flashtrain.train.run_lock import CheckpointDirBusy, RunLock, holds_lock
 
 # A run that keeps training until it is stopped, and writes no checkpoint on its own.
 ENDLESS = TINY + [
@@ -184,7 +184,7 @@ def test_an_unwritable_ckpt_dir_is_refused_before_the_first_step(
     permission on the folder) or its first write (EROFS: a read-only mount) fails instead."""
     import builtins
 
-    import flashtrain.train.run_lock as run_lock
+    import flashtrain.checkpoint.run_lock as run_lock
 
     monkeypatch.chdir(tmp_path)
     ckpt_dir = tmp_path / "ckpts"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,10 +19,10 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_testing import free_port, subprocess_env
 
-from flashtrain.models import build_model, init_sources
-from flashtrain.train import checkpoint as ckpt
-from flashtrain.train.checkpoint import CheckpointError
-from flashtrain.train.checkpoint_save import save_checkpoint
+from flashtrain.checkpoint import CheckpointError, initial_weights
+from flashtrain.checkpoint import read as ckpt
+from flashtrain.checkpoint.write import save_checkpoint
+from flashtrain.models import build_model
 
 TINY_LLAMA = dict(
     arch="llama", n_layer=2, n_head=4, n_kv_head=2, d_model=64, d_ff=96, max_seq_len=32,
@@ -48,6 +49,14 @@ def _trained_checkpoint(cfg: dict, root, *, sharded: bool, step: int = 5):
     return model, path
 
 
+def _initialised(cfg: dict, ref) -> torch.nn.Module:
+    """A model built from `cfg` with model.init_from=ref, given its initial weights as the
+    trainer does (flashtrain.checkpoint.initial_weights)."""
+    model = build_model({**cfg, "init_from": str(ref)}, "sdpa")
+    initial_weights(model, model.config.init_from)
+    return model
+
+
 def _saved_model(step_dir, tmp_path) -> dict[str, torch.Tensor]:
     """The model entries of a DCP checkpoint, through torch's own converter."""
     out = tmp_path / "converted.pt"
@@ -65,7 +74,7 @@ def test_a_dcp_checkpoint_loads_at_a_longer_context(tmp_path, folder):
     saved = _saved_model(step_dir, tmp_path)
     assert saved.keys() == trained.state_dict().keys()
     ref = step_dir if folder == "step" else step_dir.parent
-    longer = build_model({**TINY_LLAMA, **LONGER, "init_from": str(ref)}, "sdpa")
+    longer = _initialised({**TINY_LLAMA, **LONGER}, ref)
     got = longer.state_dict()
     assert got.keys() == saved.keys()
     for name, value in saved.items():
@@ -82,7 +91,7 @@ def test_the_newest_torch_checkpoint_of_a_folder_loads(tmp_path):
     _trained_checkpoint(TINY_LLAMA, tmp_path / "ckpts", sharded=False, step=3)
     newest, step_dir = _trained_checkpoint(TINY_LLAMA, tmp_path / "ckpts", sharded=False, step=7)
     assert step_dir.name == "step_000007"
-    model = build_model({**TINY_LLAMA, **LONGER, "init_from": str(tmp_path / "ckpts")}, "sdpa")
+    model = _initialised({**TINY_LLAMA, **LONGER}, tmp_path / "ckpts")
     for name, value in newest.state_dict().items():
         assert torch.equal(model.state_dict()[name], value), name
 
@@ -94,8 +103,8 @@ def test_learned_positions_are_resized_from_a_dcp_checkpoint(tmp_path):
     from_file = tmp_path / "weights.pt"
     torch.save(trained.state_dict(), from_file)
     longer = {**TINY_GPT2, "max_seq_len": 64}
-    a = build_model({**longer, "init_from": str(step_dir)}, "sdpa").state_dict()
-    b = build_model({**longer, "init_from": str(from_file)}, "sdpa").state_dict()
+    a = _initialised(longer, step_dir).state_dict()
+    b = _initialised(longer, from_file).state_dict()
     assert a["wpe.weight"].shape == (64, 32)
     for name in a:
         assert torch.equal(a[name], b[name]), name
@@ -108,24 +117,38 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path):
     data[len(data) // 2] ^= 0x10
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"model.init_from=.*__0_0\.distcp"):
-        build_model({**TINY_LLAMA, "init_from": str(step_dir)}, "sdpa")
+        _initialised(TINY_LLAMA, step_dir)
 
 
 def test_folders_without_a_checkpoint_are_refused(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    with pytest.raises(CheckpointError, match=r"no checkpoint in .*its checkpoints are in"):
-        build_model({**TINY_LLAMA, "init_from": str(run)}, "sdpa")
+    # a run folder is looked into: the message names its checkpoints folder
+    where = re.escape(str(run / "checkpoints"))
+    with pytest.raises(CheckpointError, match=rf"no checkpoint in {where}\b"):
+        _initialised(TINY_LLAMA, run)
     _trained_checkpoint(TINY_GPT2, run / "checkpoints", sharded=False)
     with pytest.raises(ValueError, match=r"init_from=.* does not fit this model"):
-        build_model({**TINY_LLAMA, "init_from": str(run / "checkpoints")}, "sdpa")
+        _initialised(TINY_LLAMA, run / "checkpoints")
 
 
-def test_a_folder_needs_the_trainer_imported(tmp_path, monkeypatch):
-    monkeypatch.setattr(init_sources, "FOLDER_SOURCES", [])
-    with pytest.raises(ValueError, match="is a folder: .* read by flashtrain.train"):
-        init_sources.init_source_for(str(tmp_path))
-    assert init_sources.init_source_for(str(tmp_path / "model.pt")) is None
+def test_a_reference_to_no_weights_is_refused_saying_what_it_may_name(tmp_path):
+    """Nothing at the path: a FileNotFoundError naming it and the kinds of reference; a file
+    that holds no torch state dict: a ValueError naming model.init_from. Either before the
+    model's weights are touched."""
+    model = build_model(TINY_LLAMA, "sdpa")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    missing = tmp_path / "no_such_run"
+    with pytest.raises(FileNotFoundError, match=rf"{re.escape(str(missing))}: no such file"):
+        initial_weights(model, str(missing))
+    with pytest.raises(FileNotFoundError, match=r"trainer checkpoint folder.*hf:PATH_OR_ID"):
+        initial_weights(model, str(missing))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not weights")
+    with pytest.raises(ValueError, match=r"model.init_from=.*notes\.txt is not a torch state"):
+        initial_weights(model, str(notes))
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
 
 
 RANKS_WORKER = textwrap.dedent(
@@ -138,14 +161,16 @@ RANKS_WORKER = textwrap.dedent(
     def main(rank, step_dir, port, out):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=2)
+        from flashtrain.checkpoint import initial_weights
+        from flashtrain.checkpoint import manifest as checkpoint_manifest
         from flashtrain.models import build_model
-        from flashtrain.train import checkpoint_manifest
 
         hashed = []
         real_hash = checkpoint_manifest.hash_file
         checkpoint_manifest.hash_file = lambda p, *a: hashed.append(p.name) or real_hash(p, *a)
         cfg = json.loads(os.environ["MODEL_CFG"])
         model = build_model({**cfg, "init_from": step_dir}, "sdpa")
+        initial_weights(model, model.config.init_from)
         state = {k: v.tolist() for k, v in model.state_dict().items()}
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
             json.dump({"hashed": hashed, "state": state}, f)

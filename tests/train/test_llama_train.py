@@ -14,6 +14,7 @@ from config_testing import compose, group_options
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_testing import read_metrics, run_train
 
+from flashtrain.checkpoint import initial_weights
 from flashtrain.models import build_model
 from flashtrain.train import ConfigError, run, validate_config
 
@@ -71,6 +72,7 @@ def _matches(run_dir, want):
             assert got[step][key] == pytest.approx(want[step][key], rel=1e-5), (step, key)
 
 
+@pytest.mark.slow  # ~18 s; GPT-2's twin, tests/train/test_context_parallel.py, stays in the suite
 def test_two_ranks_splitting_each_sequence_match_one_process(tmp_path, single):
     res = run_train(TINY_LLAMA + STEPS + ["trainer.context_parallel=2"], cwd=tmp_path, nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -80,17 +82,31 @@ def test_two_ranks_splitting_each_sequence_match_one_process(tmp_path, single):
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory):
-    """Two torchrun ranks training TINY_LLAMA + STEPS under FSDP2: (the process, its run folder)."""
+def initial(tmp_path_factory):
+    """model.init_from=<a state-dict file of TINY_LLAMA's weights as one process draws them
+    afresh from the run's seed (so `single` starts from them too)>: FSDP2 over several ranks
+    draws each rank's shards from a stream of its own, so its fresh init is not one process's."""
+    cfg = validate_config(compose(TINY_LLAMA + STEPS))
+    torch.manual_seed(cfg.seed)
+    path = tmp_path_factory.mktemp("initial") / "weights.pt"
+    torch.save(build_model(cfg.model, cfg.attention).state_dict(), path)
+    return [f"model.init_from={path}"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory, initial):
+    """Two torchrun ranks training TINY_LLAMA + STEPS under FSDP2 from the weights `initial`
+    names: (the process, its run folder)."""
     cwd = tmp_path_factory.mktemp("fsdp")
-    res = run_train(TINY_LLAMA + STEPS + ["trainer.strategy=fsdp"], cwd=cwd, nproc=2)
+    res = run_train(TINY_LLAMA + STEPS + initial + ["trainer.strategy=fsdp"], cwd=cwd, nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
     (run_dir,) = (cwd / "outputs").glob("*/*")
     return res, run_dir
 
 
 def test_fsdp2_on_two_ranks_matches_one_process(fsdp_run, single):
-    """Per-block FSDP2 sharding of the Llama blocks, the tied head in the root's shard."""
+    """Per-block FSDP2 sharding of the Llama blocks, the tied head in the root's shard: from the
+    same initial weights (model.init_from), the losses and gradient norms of one process."""
     res, run_dir = fsdp_run
     assert "strategy: fsdp" in res.stdout
     _matches(run_dir, single)
@@ -114,7 +130,11 @@ def test_init_from_an_fsdp2_checkpoint_at_a_longer_context(fsdp_run, tmp_path, m
         f"model.init_from={run_dir / 'checkpoints'}",
     ]
     cfg = validate_config(compose(longer))
-    model = build_model(cfg.model, cfg.attention)  # as the trainer builds it
+    with torch.device("meta"):  # as the trainer builds it
+        model = build_model(cfg.model, cfg.attention)
+    initial_weights(
+        model, cfg.model.init_from, device="cpu", position_mode=cfg.model.init_positions
+    )
     got = model.state_dict()
     assert got.keys() == saved.keys()
     for name, value in saved.items():

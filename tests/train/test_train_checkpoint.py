@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from flashtrain.train import checkpoint as ckpt
-from flashtrain.train.checkpoint_save import save_checkpoint
+from flashtrain.checkpoint import read as ckpt
+from flashtrain.checkpoint.write import save_checkpoint
 from flashtrain.train.run_state import rng_state, set_rng_state
 
 

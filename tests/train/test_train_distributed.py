@@ -9,9 +9,9 @@ import pytest
 from config_testing import compose
 from train_testing import TINY, read_metrics, run_train, step_losses
 
+from flashtrain.checkpoint.read import CheckpointError, find_checkpoints, load_checkpoint
 from flashtrain.models import build_model
 from flashtrain.train import run
-from flashtrain.train.checkpoint import CheckpointError, find_checkpoints, load_checkpoint
 
 STEPS = ["trainer.max_steps=4", "trainer.eval_interval=0"]
 

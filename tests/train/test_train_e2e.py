@@ -11,8 +11,8 @@ import torch
 from config_testing import compose
 from train_testing import TINY, read_metrics, run_train, step_losses, subprocess_env
 
+from flashtrain.checkpoint.read import CheckpointError, find_checkpoints
 from flashtrain.train import ConfigError, run
-from flashtrain.train.checkpoint import CheckpointError, find_checkpoints
 
 # The default command shrunk to a few seconds; wandb stays at its default (offline).
 SHORT = [o for o in TINY if o != "logger=none"] + [

@@ -16,8 +16,8 @@ from train_testing import TINY, read_metrics, subprocess_env
 
 import flashtrain.models
 import flashtrain.train.context_parallel
+from flashtrain.checkpoint.read import find_checkpoints
 from flashtrain.train import run, validate_config
-from flashtrain.train.checkpoint import find_checkpoints
 from flashtrain.train.entry import EXIT_PREEMPTED
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
 

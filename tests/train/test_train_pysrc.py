@@ -9,8 +9,8 @@ import torch
 from config_testing import compose
 from train_testing import TINY
 
+from flashtrain.checkpoint.run_info import cpu_model
 from flashtrain.train import run
-from flashtrain.train.run_info import cpu_model
 
 
 def test_pysrc_prepares_trains_and_records_where_it_ran(tmp_path):

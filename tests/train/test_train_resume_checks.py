@@ -11,8 +11,8 @@ import pytest
 from config_testing import compose
 from train_testing import TINY
 
+from flashtrain.checkpoint.read import CheckpointError, verify_checkpoint
 from flashtrain.train import run
-from flashtrain.train.checkpoint import CheckpointError, verify_checkpoint
 
 STEPS = ["trainer.max_steps=3", "trainer.eval_interval=0", "trainer.eval_at_end=false"]
 
@@ -94,7 +94,7 @@ def test_an_edited_step_is_found(copy, tmp_path):
 def test_the_step_is_checked_before_the_model_is_loaded(copy, tmp_path, monkeypatch):
     """docs/training.md: a resume refuses a step its files disagree on before anything is
     loaded (trainer.pt's step was compared only after the weights were in the model)."""
-    import flashtrain.train.checkpoint as checkpoint
+    import flashtrain.checkpoint.read as checkpoint
 
     edit_meta(copy, step=5)
     renamed = copy.with_name("step_000005")

@@ -17,9 +17,9 @@ from config_testing import REPO, compose
 from train_testing import TINY, free_port, subprocess_env
 
 import flashtrain.train.trainer as trainer_module
+from flashtrain.checkpoint.read import find_checkpoints, verify_checkpoint
 from flashtrain.file_integrity import HashingWriter
 from flashtrain.train import main, run
-from flashtrain.train.checkpoint import find_checkpoints, verify_checkpoint
 from flashtrain.train.entry import EXIT_INTERRUPTED, EXIT_NO_SPACE
 
 
@@ -62,7 +62,7 @@ def test_a_full_disk_while_writing_latest_keeps_the_complete_checkpoint(
     says the checkpoint is complete (not "the partial checkpoint was removed"), no latest.tmp."""
     import builtins
 
-    import flashtrain.train.checkpoint_save as checkpoint_save
+    import flashtrain.checkpoint.write as checkpoint_save
 
     monkeypatch.chdir(tmp_path)
 

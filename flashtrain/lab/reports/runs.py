@@ -1,7 +1,7 @@
 """Reading a run folder: its metrics, its config, where and from which commit it ran.
 
 A train run folder (train.py's run directory) holds metrics.jsonl, .hydra/config.yaml and
-run.json (the device, commit(s) and versions: flashtrain/train/run_info.py); a benchmark run
+run.json (the device, commit(s) and versions: flashtrain/checkpoint/run_info.py); a benchmark run
 folder holds scripts/bench_attention.py's JSON (or, without CUDA, its tile-count markdown).
 scripts/reproduce.py adds reproduce.json: the experiment, scale, data choice and every launch
 (command, exit code). Only metrics.jsonl or a benchmark result is required; whatever else is
@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flashtrain.checkpoint.run_info import read_run_info
 from flashtrain.lab.experiments.spec import EXPERIMENT_NAMES
-from flashtrain.train.run_info import read_run_info
 
 METRICS_FILE = "metrics.jsonl"
 LAUNCH_FILE = "reproduce.json"

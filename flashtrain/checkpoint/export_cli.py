@@ -1,4 +1,4 @@
-"""`python scripts/export_hf.py CKPT OUT_DIR [options]`: the command line of flashtrain.hf.export.
+"""`python scripts/export_hf.py CKPT OUT_DIR [options]`: the command line of flashtrain.checkpoint.export_hf.
 
 CKPT: a run directory, its checkpoints folder (the newest intact checkpoint) or a step_NNNNNN
 folder; single-process and sharded (FSDP2 / DCP) checkpoints alike. Exit 2 on bad input (a
@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flashtrain.hf.export import DTYPES, export_checkpoint
-from flashtrain.train.checkpoint import CheckpointError
+from flashtrain.checkpoint.export_hf import DTYPES, export_checkpoint
+from flashtrain.checkpoint.manifest import CheckpointError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ import os
 import socket
 from pathlib import Path
 
-from flashtrain.train.checkpoint_manifest import CheckpointError
+from flashtrain.checkpoint.manifest import CheckpointError
 from flashtrain.typed_config import ConfigError
 
 log = logging.getLogger("flashtrain.checkpoint")

@@ -1,4 +1,4 @@
-"""Writing checkpoints: atomic, collective, the last K kept (the layout: checkpoint.py).
+"""Writing checkpoints: atomic, collective, the last K kept (the layout: read.py).
 
 Everything is written into `.step_000200.tmp/` and renamed into place only when complete, so a
 kill at any moment leaves the previous checkpoints intact and never a half-written `latest`.
@@ -22,8 +22,16 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-from flashtrain.file_integrity import fsync_directory
-from flashtrain.train.checkpoint import (
+from flashtrain.checkpoint.manifest import (
+    META,
+    CheckpointError,
+    HashingStorageWriter,
+    Manifest,
+    NoSpaceError,
+    complete_manifest,
+    write_hashed,
+)
+from flashtrain.checkpoint.read import (
     CKPT_RE,
     CONFIG,
     FORMAT_VERSION,
@@ -34,17 +42,9 @@ from flashtrain.train.checkpoint import (
     find_checkpoints,
     read_meta,
 )
-from flashtrain.train.checkpoint_manifest import (
-    META,
-    CheckpointError,
-    HashingStorageWriter,
-    Manifest,
-    NoSpaceError,
-    complete_manifest,
-    write_hashed,
-)
-from flashtrain.train.distributed import gather_objects, is_main_process
-from flashtrain.train.run_lock import RunLock, holds_lock
+from flashtrain.checkpoint.run_lock import RunLock, holds_lock
+from flashtrain.collectives import gather_objects, is_main_process
+from flashtrain.file_integrity import fsync_directory
 
 log = logging.getLogger("flashtrain.checkpoint")
 

@@ -17,9 +17,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
+from flashtrain.checkpoint.load_model import load_model
 from flashtrain.file_integrity import fsync_directory
-from flashtrain.hf.checkpoint_model import load_checkpoint_model
 from flashtrain.hf.convert import to_hf
 from flashtrain.hf.registry import mapping_for
 from flashtrain.hf.tokenizer_files import TokenizerInfo, write_tokenizer
@@ -46,7 +47,7 @@ def export_checkpoint(
         raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
-    model, info = load_checkpoint_model(checkpoint)
+    model, info = load_model(checkpoint, attention="reference")
     mapping = mapping_for(model.config)  # refuses what has no transformers twin, before writing
     mapping.hf_config(model.config)
     if dtype is not None:
@@ -57,7 +58,11 @@ def export_checkpoint(
     try:
         if tokenizer:
             try:
-                tok = write_tokenizer(info.run_config, tmp, model.config.max_seq_len)
+                run_config = (
+                    {} if info.run_config is None
+                    else OmegaConf.to_container(info.run_config, resolve=False)
+                )  # fmt: skip
+                tok = write_tokenizer(run_config, tmp, model.config.max_seq_len)
             except FileNotFoundError as e:
                 raise FileNotFoundError(
                     f"{e}\n(the run's tokenizer files are needed to export them; pass "

@@ -1,10 +1,10 @@
-"""Checkpoints: what one is, finding, checking and reading it (writing one: checkpoint_save.py).
+"""Checkpoints: what one is, finding, checking and reading it (writing one: write.py).
 
 Layout of one checkpoint (a directory under the run's checkpoints/ folder):
 
     step_000200/
         meta.json      step, format, world size, strategy, parameter count, model config, and
-                       `files`: the size and SHA-256 of every other file (checkpoint_manifest.py);
+                       `files`: the size and SHA-256 of every other file (manifest.py);
                        written last, so a directory without it is not a checkpoint
         config.yaml    the resolved config of the run that wrote it
         trainer.pt     scheduler, grad scaler, step, tokens seen, per-rank RNG and data positions
@@ -17,9 +17,8 @@ Loading checks every file against the checksums first; `resume=auto` passes over
 checkpoint to the newest intact one. Model and optimizer state go through
 torch.distributed.checkpoint.state_dict (parameter names as keys, wrapper prefixes removed), so
 either format loads into single, DDP or FSDP2 runs.
-read_model_state reads the model's weights alone, in one process, from either format: the one
-reader of model.init_from=<checkpoint folder> (init_from.py), export (hf/checkpoint_model.py),
-generate and evaluate (inference/checkpoint.py).
+The model's weights alone (model.init_from, load_model) are read by sources.py, a row range at
+a time, from either format.
 """
 
 from __future__ import annotations
@@ -43,15 +42,16 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from flashtrain.file_integrity import ALGORITHM
-from flashtrain.train.checkpoint_manifest import (
+from flashtrain.checkpoint.manifest import (
     META,
     CheckpointError,
     is_verified,
     unlisted_files,
     verify_files,
 )
-from flashtrain.train.distributed import broadcast_object, gather_objects, is_main_process
+from flashtrain.collectives import broadcast_object, gather_objects, is_main_process
+from flashtrain.file_integrity import ALGORITHM
+from flashtrain.models.materialize import shape_misfits
 
 log = logging.getLogger("flashtrain.checkpoint")
 
@@ -71,7 +71,7 @@ class FutureCheckpointError(CheckpointError):
 
 
 @dataclass(frozen=True)
-class CheckpointInfo:
+class StoredCheckpoint:
     step: int
     path: Path
 
@@ -84,7 +84,7 @@ def checkpoint_step(path: Path) -> int:
     return int(CKPT_RE.match(path.name).group(1))
 
 
-def find_checkpoints(root: str | os.PathLike) -> list[CheckpointInfo]:
+def find_checkpoints(root: str | os.PathLike) -> list[StoredCheckpoint]:
     """Complete checkpoints under `root` (those with a meta.json), oldest first."""
     root = Path(root)
     if not root.is_dir():
@@ -93,7 +93,7 @@ def find_checkpoints(root: str | os.PathLike) -> list[CheckpointInfo]:
     for entry in root.iterdir():
         m = CKPT_RE.match(entry.name)
         if m and entry.is_dir() and (entry / META).is_file():
-            found.append(CheckpointInfo(int(m.group(1)), entry))
+            found.append(StoredCheckpoint(int(m.group(1)), entry))
     return sorted(found, key=lambda c: c.step)
 
 
@@ -253,7 +253,7 @@ def load_checkpoint(
     if model_config is not None:
         check_model_config(path, meta.get("model_config"), model_config)
     # the step check, before the model is touched (trainer.pt is small)
-    trainer_state = _torch_load(path / TRAINER_STATE, weights_only=False)
+    trainer_state = torch_load(path / TRAINER_STATE, weights_only=False)
     if isinstance(trainer_state, dict) and trainer_state.get("step", meta["step"]) != meta["step"]:
         raise CheckpointError(
             f"checkpoint {path} is corrupt: its {META} says step {meta['step']}, its "
@@ -262,7 +262,7 @@ def load_checkpoint(
     fmt = meta["format"]
     current = {k: tuple(shape) for k, shape in _full_shapes(model).items()}
     if fmt == "torch":
-        state = _torch_load(path / MODEL_OPTIM, weights_only=True)
+        state = torch_load(path / MODEL_OPTIM, weights_only=True)
         if not isinstance(state, dict) or "model" not in state or "optim" not in state:
             raise CheckpointError(f"checkpoint {path} is corrupt: {MODEL_OPTIM} lacks model/optim")
         saved = {k: tuple(v.shape) for k, v in state["model"].items() if torch.is_tensor(v)}
@@ -271,7 +271,7 @@ def load_checkpoint(
         set_model_state_dict(model, state["model"], options=options)
         set_optimizer_state_dict(model, optimizer, state["optim"], options=options)
     elif fmt == "dcp":
-        saved = {name: tuple(md.size) for name, md in _dcp_model_entries(path).items()}
+        saved = {name: tuple(md.size) for name, md in dcp_model_entries(path).items()}
         _check_shapes(path, saved, current, meta)
         state = {
             "model": get_model_state_dict(model),
@@ -285,42 +285,13 @@ def load_checkpoint(
     return trainer_state, meta
 
 
-def read_model_state(
-    path: str | os.PathLike, *, allow_unverified: bool = False, collective: bool = False
-) -> tuple[dict[str, torch.Tensor], Path]:
-    """The model weights saved in checkpoint `path` (a step folder, or a checkpoints folder: its
-    newest intact checkpoint), every file checked against its checksum first; read in this
-    process without a process group, whatever the format: "torch" from model_optim.pt, "dcp"
-    (FSDP2) the model's entries of every rank's shards, the optimizer's left unread. On CPU, in
-    the saved shapes and dtypes, by the names get_model_state_dict gives (the model's own).
-    collective: every rank of the process group calls this (model.init_from): rank 0 finds and
-    checks the checkpoint once, as a resume does, and every rank reads what it found.
-    Returns (state, the checkpoint directory read)."""
-    if collective:
-        step_dir = _resolved_on_rank_0(path, allow_unverified)
-    else:
-        step_dir = resolve_resume(str(path), path, allow_unverified=allow_unverified)
-    if step_dir is None:
-        raise CheckpointError(f"no checkpoint at {path}")
-    fmt = read_meta(step_dir)["format"]
-    if fmt == "torch":
-        state = _torch_load(step_dir / MODEL_OPTIM, weights_only=True)
-        if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-            raise CheckpointError(f"checkpoint {step_dir} is corrupt: {MODEL_OPTIM} lacks model")
-        return state["model"], step_dir
-    if fmt == "dcp":
-        model_state = {
-            name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-            for name, md in _dcp_model_entries(step_dir).items()
-        }
-        _dcp_load(step_dir, {"model": model_state}, no_dist=True)
-        return model_state, step_dir
-    raise CheckpointError(f"checkpoint {step_dir} has unknown format {fmt!r}")
-
-
-def _resolved_on_rank_0(path: str | os.PathLike, allow_unverified: bool) -> Path | None:
-    """resolve_resume(path) on rank 0 (its files hashed there once, not on every rank), the
-    answer or the error broadcast to every rank (a no-op without a process group)."""
+def resolved_on_rank_0(
+    path: str | os.PathLike, *, allow_unverified: bool, collective: bool
+) -> Path | None:
+    """resolve_resume(path), its files checked. collective: every rank of the process group
+    calls this; rank 0 resolves and hashes once and broadcasts the answer or the error."""
+    if not collective:
+        return resolve_resume(str(path), path, allow_unverified=allow_unverified)
     found = error = None
     if is_main_process():
         try:
@@ -333,7 +304,7 @@ def _resolved_on_rank_0(path: str | os.PathLike, allow_unverified: bool) -> Path
     return Path(found) if found else None
 
 
-def _dcp_model_entries(path: Path) -> dict:
+def dcp_model_entries(path: Path) -> dict:
     """{parameter name: its TensorStorageMetadata (global size, dtype)} of a DCP checkpoint's
     model, from its .metadata alone."""
     import torch.distributed.checkpoint as dcp
@@ -432,9 +403,11 @@ def _verify_on_every_rank(path: Path, meta: dict, allow_unverified: bool) -> Non
         )
 
 
-def _torch_load(file: Path, *, weights_only: bool):
+def torch_load(file: Path, *, weights_only: bool, mmap: bool = False):
+    """torch.load on CPU, a missing or unreadable file a CheckpointError naming it. mmap: the
+    tensors stay in the file until read (a slice copied reads only its pages)."""
     try:
-        return torch.load(file, map_location="cpu", weights_only=weights_only, mmap=False)
+        return torch.load(file, map_location="cpu", weights_only=weights_only, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(
             f"checkpoint {file.parent} is incomplete: {file.name} is missing"
@@ -457,18 +430,10 @@ def _full_shapes(model: torch.nn.Module) -> dict[str, torch.Size]:
 
 
 def _check_shapes(path: Path, saved: dict, current: dict, meta: dict) -> None:
-    missing = sorted(set(current) - set(saved))
-    unexpected = sorted(set(saved) - set(current))
-    wrong = sorted(k for k in set(saved) & set(current) if tuple(saved[k]) != tuple(current[k]))
-    if not (missing or unexpected or wrong):
+    misfits = shape_misfits(current, saved)
+    if not misfits:
         return
-    lines = [f"checkpoint {path} does not fit this model:"]
-    if missing:
-        lines.append(f"  missing in the checkpoint ({len(missing)}): {', '.join(missing[:5])}")
-    if unexpected:
-        lines.append(f"  not in this model ({len(unexpected)}): {', '.join(unexpected[:5])}")
-    for k in wrong[:5]:
-        lines.append(f"  {k}: checkpoint {list(saved[k])} vs model {list(current[k])}")
+    lines = [f"checkpoint {path} does not fit this model:", *misfits]
     if meta.get("model_config"):
         lines.append(f"  it was saved with model config {meta['model_config']}")
     lines.append("  resume with the same model settings, or start a new run without trainer.resume")
