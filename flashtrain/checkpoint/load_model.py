@@ -23,7 +23,7 @@ import torch
 from flashtrain.checkpoint.run_info import read_run_info
 from flashtrain.checkpoint.sources import TrainerSource, open_source
 from flashtrain.models import TransformerModel, build_model
-from flashtrain.models.materialize import fill_from, materialize
+from flashtrain.models.materialize import materialize_from
 
 
 @dataclass
@@ -75,13 +75,10 @@ def load_model(
         model = build_model(
             model_cfg, source.attention_config() if attention is None else attention
         )
-    rows = source.rows_for(model.config, model)
-    # fresh weights only for what the source lacks (an optional head): a full source needs none
-    complete = set(dict(model.named_parameters())) <= set(rows.shapes())
-    materialize(model, device, initialise=not complete)
-    fill_from(
+    materialize_from(
         model,
-        rows,
+        device,
+        source.rows_for(model.config, model),
         position_mode=position_mode,
         optional=source.optional_prefixes,
         longer_positions=source.longer_positions,

@@ -18,7 +18,7 @@ from flashtrain.hf.mapping import HFRows
 from flashtrain.hf.registry import mapping_for, mapping_for_hf
 from flashtrain.hf.source import open_weights, read_config, resolve_source
 from flashtrain.models import TransformerModel, build_model, model_config
-from flashtrain.models.materialize import fill_from, materialize
+from flashtrain.models.materialize import materialize_from
 
 
 def hf_config_dict(model_or_config) -> dict:
@@ -73,11 +73,8 @@ def from_hf(model_or_path: Any, attention: Any = "flash", **overrides) -> Transf
     dtype = tensors[next(iter(plan.rules.values()))[1][0]].dtype
     with torch.device("meta"):
         model = build_model(cfg, attention).to(dtype)
-    rows = HFRows(source, plan, tensors)
-    complete = set(dict(model.named_parameters())) <= set(rows.shapes())
-    materialize(model, "cpu", initialise=not complete)  # fresh: only a head it lacks keeps these
-    fill_from(
-        model, rows, position_mode=cfg.init_positions, optional=mapping.optional(cfg),
-        longer_positions="first", what=source,
+    materialize_from(
+        model, "cpu", HFRows(source, plan, tensors), position_mode=cfg.init_positions,
+        optional=mapping.optional(cfg), longer_positions="first", what=source,
     )  # fmt: skip
     return model

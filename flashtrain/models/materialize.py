@@ -238,3 +238,12 @@ def fill_from(
             report.read.append(name)
         source.check_rows({name: held_rows(param) for name, param in params.items()})
     return report
+
+
+def materialize_from(model: nn.Module, device, source: RowSource, **fill) -> FillReport:
+    """A meta-built model made real on `device` from `source` (fill_from's keywords): fresh
+    weights drawn only when the source lacks some tensor (an optional head), since a complete
+    source overwrites every one of them."""
+    complete = set(dict(model.named_parameters())) <= set(source.shapes())
+    materialize(model, device, initialise=not complete)
+    return fill_from(model, source, **fill)
