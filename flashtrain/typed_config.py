@@ -4,15 +4,21 @@ Every config group has a dataclass (its schema; Hydra composes each YAML group o
 it, see flashtrain/train/config_store.py). Code below the trainer takes either an instance or a
 mapping (a Hydra DictConfig, a plain dict): `to_dataclass` merges the mapping into the schema with
 OmegaConf, so an unknown key, a wrong type or a missing required value fails here, naming the key
-and what is allowed, and the dataclass's __post_init__ checks the values. Groups with several
-schemas (model, attention, data) pick one by a discriminator key (`arch`, `impl`, `loader`) whose
-default each schema sets: `typed_group`, and a `Registry` derives such a group from the classes it
-builds (each carries its schema as `Config`).
+and what is allowed; then every float field must be finite (NaN or +-inf only where the field's
+declaration allows it: `field(default=..., metadata=nonfinite_allowed("why"))`), and the
+dataclass's __post_init__ checks the values. Groups with several schemas (model, attention,
+data) pick one by a discriminator key (`arch`, `impl`, `loader`) whose default each schema sets:
+`typed_group`, and a `Registry` derives such a group from the classes it builds (each carries
+its schema as `Config`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -67,15 +73,62 @@ def describe_unknown_key(error: BaseException, what: str = "") -> str | None:
     return None
 
 
+NONFINITE = "nonfinite"  # the field metadata key of a float field that may be NaN or +-inf
+
+
+def nonfinite_allowed(why: str) -> dict[str, str]:
+    """dataclasses.field metadata of a float field that may hold NaN or +-inf; `why` says what
+    such a value means (e.g. "inf: no limit"). Every other float field must be finite."""
+    return {NONFINITE: why}
+
+
+@functools.cache
+def _field_types(schema: type) -> dict[str, Any]:
+    return typing.get_type_hints(schema)  # the annotations resolved (they are strings here)
+
+
+def check_finite(schema: type, values: Any, what: str) -> None:
+    """Refuse a NaN or +-inf in a float field of `schema` (float, float | None, list[float],
+    nested dataclasses), naming its dotted key, unless its metadata allows it (nonfinite_allowed).
+    values: a mapping of the fields or an instance of `schema`; fields of type Any (a group
+    whose schema another key picks) are checked when that group is."""
+    types_ = _field_types(schema)
+    for f in dataclasses.fields(schema):
+        if f.metadata.get(NONFINITE):
+            continue
+        value = values.get(f.name) if isinstance(values, Mapping) else getattr(values, f.name, None)
+        _check_finite_value(types_[f.name], value, _key(what, f.name))
+
+
+def _check_finite_value(hint: Any, value: Any, key: str) -> None:
+    if value is None or isinstance(value, (bool, str)):
+        return  # str: OmegaConf's "???" (required, unset); converted floats arrive as floats
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is float:
+        if isinstance(value, (int, float)) and not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}")
+    elif origin in (typing.Union, types.UnionType):
+        for arg in args:
+            _check_finite_value(arg, value, key)
+    elif origin in (list, tuple) and args and isinstance(value, Iterable):
+        for i, item in enumerate(value):
+            _check_finite_value(args[0], item, f"{key}[{i}]")
+    elif dataclasses.is_dataclass(hint) and (isinstance(value, Mapping) or isinstance(value, hint)):
+        check_finite(hint, value, key)
+
+
 def to_dataclass(schema: type[T], cfg: Any, *, what: str) -> T:
     """`cfg` (an instance of `schema`, or a mapping) as a checked instance of `schema`.
 
     what: the section's key for messages ("data", "trainer"; "" for the root config)."""
     if isinstance(cfg, schema):
+        check_finite(schema, cfg, what)
         return cfg
     data = _plain(cfg, what)
     try:
         node = OmegaConf.merge(OmegaConf.structured(schema), data)
+        # before __post_init__, whose range checks a NaN passes (every comparison is False)
+        check_finite(schema, OmegaConf.to_container(node, resolve=True), what)
         return OmegaConf.to_object(node)
     except (ConfigKeyError, ConfigAttributeError) as e:
         raise ConfigError(describe_unknown_key(e, what) or f"{what or 'config'}: {e}") from None

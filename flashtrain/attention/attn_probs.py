@@ -77,7 +77,7 @@ def attention_probs(args: AttentionArgs, seed: torch.Tensor, block_mask=None) ->
         return probs
     keep = (
         _kernel_keep_mask(args, seed)
-        if route_for(args.q.device) == "triton"
+        if route_for(args.q) == "triton"
         else _torch_keep_mask(args, seed)
     )
     return torch.where(allowed & ~keep, -probs, probs)

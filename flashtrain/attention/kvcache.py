@@ -16,6 +16,7 @@ from flashtrain.attention import validation
 from flashtrain.attention.kvcache_op import kvcache_attention
 from flashtrain.attention.reference import fold_window
 from flashtrain.attention.rotary import apply_rotary_at, check_rotary_tables
+from flashtrain.attention.route import choose_route
 
 
 def _index_tensor(name: str, t, batch: int, device) -> torch.Tensor:
@@ -77,15 +78,20 @@ def _check_cache_len(cache_len: int, what: str) -> None:
         )
 
 
-def _cache_seqlens_tensor(cache_seqlens, batch: int, device) -> torch.Tensor:
+def _cache_seqlens_tensor(cache_seqlens, batch: int, device, cache_len: int, new_len: int):
+    """The int32 (batch,) table; an int is range-checked here (free: no device value), before
+    torch.full could overflow on it."""
     if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, (int, torch.Tensor)):
         raise ValueError(
             f"cache_seqlens must be an int or an int32 tensor ({batch},), got "
             f"{type(cache_seqlens).__name__}"
         )
     if isinstance(cache_seqlens, int):
-        if cache_seqlens < 0:
-            raise ValueError(f"cache_seqlens must be >= 0, got {cache_seqlens}")
+        if not 0 <= cache_seqlens <= cache_len - new_len:
+            raise ValueError(
+                f"cache_seqlens={cache_seqlens} is out of range: with seqlen_new={new_len} new "
+                f"keys it must lie in [0, {cache_len - new_len}] (the cache holds {cache_len})"
+            )
         return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
     return _index_tensor("cache_seqlens", cache_seqlens, batch, device)
 
@@ -116,7 +122,7 @@ def _check_values(cache_seqlens, new_len, cache_len, cache_batch_idx, cache_rows
     FLASHTRAIN_CHECK_INPUTS=1: reading them costs a host sync on a GPU)."""
     if not validation.values_checked(cache_seqlens.device):
         return
-    lens = cache_seqlens.cpu()
+    lens = cache_seqlens.cpu().long()  # int64: an int32 2^31 - 1 + seqlen_new would wrap
     if bool((lens < 0).any()) or bool((lens + new_len > cache_len).any()):
         raise ValueError(
             f"cache_seqlens + seqlen_new must lie in [0, {cache_len}] (the cache's length); got "
@@ -141,6 +147,19 @@ def _check_values(cache_seqlens, new_len, cache_len, cache_batch_idx, cache_rows
                 f"cache_leftpad must lie in [0, cache_seqlens]; got {pad.tolist()} with "
                 f"cache_seqlens={lens.tolist()}"
             )
+
+
+def _check_rotary_length(seqlen_ro: int, start: torch.Tensor, new_len: int, q_rows: int) -> None:
+    """The tables must hold the largest position rotated: start (B,) + the longer of the new
+    keys and the query rows rotated one apart (q_rows: 1 where every row sits at start)."""
+    if not validation.values_checked(start.device):
+        return
+    last = start + max(new_len, q_rows) - 1  # (B,)
+    if bool((last >= seqlen_ro).any()):
+        raise ValueError(
+            f"rotary_cos has {seqlen_ro} positions but this call rotates up to position "
+            f"{int(last.max())} (cache_seqlens + max(seqlen_new, rotated query rows) - 1)"
+        )
 
 
 def flash_attn_with_kvcache(
@@ -171,12 +190,15 @@ def flash_attn_with_kvcache(
     place when k, v are given. fp16, bf16 or fp32; head_dim 1..256.
     k, v: None, or (B, Snew, Hkv, D) new keys and values, stored at positions
         cache_seqlens[b] .. cache_seqlens[b] + Snew - 1 of cache row cache_batch_idx[b].
-    rotary_cos, rotary_sin: None, or (seqlen_ro, rotary_dim / 2) tables (needs k, v): the new k
-        is rotated at its positions; q too when causal or windowed, else every query row at
-        cache_seqlens[b] (flash-attn's rule). Positions count from cache_leftpad[b].
+    rotary_cos, rotary_sin: None, or (seqlen_ro, rotary_dim / 2) tables (needs k, v): new key i
+        is rotated at its absolute cache slot cache_seqlens[b] + i, query row i there too when
+        causal or windowed, else every query row at cache_seqlens[b] (flash-attn's rule; with
+        cache_leftpad too: positions are slots, not counted from the padding). seqlen_ro must
+        exceed the largest position rotated.
         rotary_interleaved: pairs (2j, 2j+1) (GPT-J) if True, halves (GPT-NeoX, Llama) if False.
-    cache_seqlens: int or int32 (B,): keys already in the cache per batch entry; None: the whole
-        cache (then k, v cannot be appended). Batch b attends the first cache_seqlens[b] + Snew keys.
+    cache_seqlens: int or int32 (B,): keys already in the cache per batch entry, 0 ..
+        S_cache - Snew; None: the whole cache (then k, v cannot be appended). Batch b attends
+        the first cache_seqlens[b] + Snew keys.
     cache_batch_idx: int32 (B,): the cache row of each batch entry (None: row b, B_cache == B).
     cache_leftpad: int32 (B,): keys before it are padding (never attended); None: 0.
     block_table: int32 (B, pages): a paged cache. k_cache, v_cache are then a pool
@@ -224,32 +246,32 @@ def flash_attn_with_kvcache(
             )
         lens = torch.full((batch,), cache_len, dtype=torch.int32, device=device)
     else:
-        lens = _cache_seqlens_tensor(cache_seqlens, batch, device)
+        lens = _cache_seqlens_tensor(cache_seqlens, batch, device, cache_len, new_len)
     _check_values(lens, new_len, cache_len, cache_batch_idx, cache_rows, cache_leftpad, block_table)
     slopes = validation.check_alibi_slopes(alibi_slopes, batch, heads_q, device)
     left, right = fold_window(validation.check_window(window_size), causal, cache_len)
     rotary = rotary_cos is not None or rotary_sin is not None
     if rotary and k is None:
         raise ValueError("rotary_cos / rotary_sin rotate the appended k (and q): pass k and v too")
+    choose_route(q)  # its refusal (bfloat16 on a forced interpreter route) before the append
 
     q = q if q.stride(-1) == 1 else q.contiguous()
     if k is not None:
-        start = lens.long() - (0 if cache_leftpad is None else cache_leftpad.long())  # (B,)
+        # flash-attn's positions (FA2's seqlen_k_cache + leftpad_k; FA3's rotary_seqlens =
+        # cache_seqlens): new key i sits, and is rotated, at the absolute cache slot
+        # cache_seqlens[b] + i; cache_leftpad moves neither.
+        start = lens.long()  # (B,)
         steps = torch.arange(max(new_len, seqlen_q), device=device)
         if rotary:
             if rotary_cos is None or rotary_sin is None:
                 raise ValueError("rotary_cos and rotary_sin must be given together")
             check_rotary_tables(rotary_cos, rotary_sin, head_dim, device)
-            last = start + max(new_len, seqlen_q) - 1  # (B,) the last position rotated
-            if validation.values_checked(device) and bool((last >= rotary_cos.shape[0]).any()):
-                raise ValueError(
-                    f"rotary_cos has {rotary_cos.shape[0]} positions but this call rotates up to "
-                    f"position {int(last.max())}: the tables need seqlen_ro > cache_seqlens + seqlen_new - 1"
-                )
+            # query rows at start + i with causal or a window, else all at start (flash-attn)
+            every_row = causal or left >= 0 or right >= 0
+            _check_rotary_length(rotary_cos.shape[0], start, new_len, seqlen_q if every_row else 1)
             k = apply_rotary_at(
                 k, rotary_cos, rotary_sin, start[:, None] + steps[:new_len], rotary_interleaved
             )
-            every_row = causal or left >= 0 or right >= 0
             q_pos = start[:, None] + (steps[:seqlen_q] if every_row else 0 * steps[:seqlen_q])
             q = apply_rotary_at(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
         at = lens.long()[:, None] + steps[None, :new_len]  # (B, Snew) key positions

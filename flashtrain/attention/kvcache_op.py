@@ -99,7 +99,7 @@ def kvcache_attention(
     """Returns (out like q, lse (B, Hq, Sq) float32). seqlens_k int32 (B,): keys per entry;
     block_table int32 (B, pages) or None: a paged cache (num_pages, page_size, Hkv, D);
     window sides -1 = unbounded (causal folded in as right = 0); alibi_slopes float32 (B, Hq)."""
-    if route_for(q.device) == "triton":
+    if route_for(q) == "triton":
         from flashtrain.kernels.common import UNBOUNDED
         from flashtrain.kernels.flash_decode import flash_decode
 

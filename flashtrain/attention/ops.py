@@ -106,7 +106,7 @@ def _forward(args: AttentionArgs):
     seed = _draw_seed(q.device, args.dropout_p)
     out = torch.empty_like(q)
     lse = torch.empty(_lse_shape(q, args.packed), dtype=torch.float32, device=q.device)
-    if route_for(q.device) == "triton":
+    if route_for(q) == "triton":
         from flashtrain.kernels.flash_fwd import flash_forward
 
         flash_forward(q, args.k, args.v, out, lse, **_launch_arguments(args, seed, backward=False))
@@ -128,7 +128,7 @@ def _forward(args: AttentionArgs):
 def _backward(dout, out, lse, seed, args: AttentionArgs):
     q, k, v = args.q, args.k, args.v
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-    if route_for(q.device) == "triton":
+    if route_for(q) == "triton":
         from flashtrain.kernels.flash_bwd import flash_backward
 
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

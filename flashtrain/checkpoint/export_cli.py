@@ -1,8 +1,11 @@
 """`python scripts/export_hf.py CKPT OUT_DIR [options]`: the command line of flashtrain.checkpoint.export_hf.
 
-CKPT: a run directory, its checkpoints folder (the newest intact checkpoint) or a step_NNNNNN
-folder; single-process and sharded (FSDP2 / DCP) checkpoints alike. Exit 2 on bad input (a
-missing or damaged checkpoint, a model with no transformers equivalent, an existing OUT_DIR).
+CKPT: a run directory, its checkpoints folder (the newest intact checkpoint; a damaged newer
+one is passed over with a line naming it) or a step_NNNNNN folder; single-process and sharded
+(FSDP2 / DCP) checkpoints alike. OUT_DIR must lie outside the run; --overwrite replaces only a
+previous export (a folder holding flashtrain_export.json) or an empty folder. Exit 2 on bad
+input (a missing or damaged checkpoint, a model with no transformers equivalent, an OUT_DIR in
+the run or existing, tokenizer files other than the ones the run trained with).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", default="5GB", help="safetensors shard size (default 5GB)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: as saved")
     p.add_argument("--no-tokenizer", action="store_true", help="do not write tokenizer files")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous export at OUT_DIR")
     return p
 
 
@@ -37,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             tokenizer=not args.no_tokenizer,
             overwrite=args.overwrite,
+            on_note=lambda line: print(f"export_hf: {line}", file=sys.stderr),
         )
     except (CheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
         print(f"export_hf: {type(e).__name__}: {e}", file=sys.stderr)

@@ -4,26 +4,41 @@
 
 Writes config.json, model.safetensors (sharded with an index above max_shard_size),
 generation_config.json for decoders, the run's tokenizer files when it used a Hugging Face
-tokenizer, and a README.md (where it came from; byte-level runs: how ids are made). Everything is
-written into a temporary folder beside OUT_DIR and renamed into place when complete, so OUT_DIR
-is either absent, the previous export, or the whole new one.
+tokenizer (checked to be the files the weights were trained with), a README.md (where it came
+from; byte-level runs: how ids are made) and flashtrain_export.json (what marks the folder as an
+export). Everything is written into a temporary folder beside OUT_DIR and renamed into place
+when complete, so OUT_DIR is either absent, the previous export, or the whole new one.
+
+Never losing data: an OUT_DIR that is, holds or lies inside the exported run is refused, and
+overwrite replaces only a previous export (flashtrain/checkpoint/export_folder.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
+from flashtrain.checkpoint.export_folder import (
+    EXPORT_MARKER,
+    README_MARK,
+    export_marker,
+    finish_files,
+    refuse_out_dir_in_the_run,
+    refuse_what_overwrite_would_lose,
+    swap_into_place,
+    temporary_folder_beside,
+)
 from flashtrain.checkpoint.load_model import load_model
-from flashtrain.file_integrity import fsync_directory
+from flashtrain.checkpoint.manifest import CheckpointError
+from flashtrain.checkpoint.read import check_tokenizer, resolve_checkpoint
 from flashtrain.hf.convert import to_hf
 from flashtrain.hf.registry import mapping_for
-from flashtrain.hf.tokenizer_files import TokenizerInfo, write_tokenizer
+from flashtrain.hf.tokenizer_files import TokenizerInfo, load_run_tokenizer, write_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DECODERS = ("gpt2", "llama")
@@ -37,37 +52,35 @@ def export_checkpoint(
     dtype: str | None = None,
     tokenizer: bool = True,
     overwrite: bool = False,
+    on_note=None,
 ) -> Path:
     """Export `checkpoint` (a step folder, or a checkpoints folder or run directory: its newest
     intact one) to `out_dir`. dtype: float32 | bfloat16 | float16 (default: as saved).
     tokenizer=False skips the tokenizer files (e.g. when the vocabulary files are not on this
-    machine). Returns out_dir. Refuses an existing out_dir unless overwrite."""
+    machine). on_note(line): told of each damaged newer checkpoint passed over (default: a
+    warning in the log). Returns out_dir. Refuses (ValueError) an out_dir that is, holds or
+    lies in the exported run, and (FileExistsError) an existing one unless overwrite, and then
+    unless it is a previous export or empty."""
     out = Path(out_dir).absolute()
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
-    model, info = load_model(checkpoint, attention="reference")
+    step_dir = resolve_checkpoint(checkpoint, on_skip=on_note)
+    refuse_out_dir_in_the_run(out, checkpoint, step_dir)
+    refuse_what_overwrite_would_lose(out, overwrite)
+    model, info = load_model(step_dir, attention="reference")
     mapping = mapping_for(model.config)  # refuses what has no transformers twin, before writing
     mapping.hf_config(model.config)
     if dtype is not None:
         model.to(DTYPES[dtype])
+    run_config = (
+        {} if info.run_config is None else OmegaConf.to_container(info.run_config, resolve=False)
+    )
+    trained_tokenizer = _trained_tokenizer(run_config, info) if tokenizer else None
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temporary_folder_beside(out)
     try:
         if tokenizer:
-            try:
-                run_config = (
-                    {} if info.run_config is None
-                    else OmegaConf.to_container(info.run_config, resolve=False)
-                )  # fmt: skip
-                tok = write_tokenizer(run_config, tmp, model.config.max_seq_len)
-            except FileNotFoundError as e:
-                raise FileNotFoundError(
-                    f"{e}\n(the run's tokenizer files are needed to export them; pass "
-                    "--no-tokenizer / tokenizer=False to export the model without them)"
-                ) from e
+            tok = write_tokenizer(run_config, tmp, model.config.max_seq_len, trained_tokenizer)
         else:
             tok = TokenizerInfo(None, readme="Tokenizer files were not exported (--no-tokenizer).")
         hf_model = to_hf(model, extra_config=tok.token_ids)
@@ -77,35 +90,34 @@ def export_checkpoint(
 
             GenerationConfig(**tok.token_ids).save_pretrained(tmp)
         (tmp / "README.md").write_text(_readme(info, hf_model, tok, model.config))
-        _finish_files(tmp)
-        _swap_into_place(tmp, out)
+        (tmp / EXPORT_MARKER).write_text(json.dumps(export_marker(info), indent=2) + "\n")
+        finish_files(tmp)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
-def _finish_files(folder: Path) -> None:
-    """Durable, with the permissions of an ordinary folder (mkdtemp makes it private)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for f in folder.iterdir():
-        os.chmod(f, 0o666 & ~umask)
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    os.chmod(folder, 0o777 & ~umask)
-    fsync_directory(folder)
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, out)
-    fsync_directory(out.parent)
+def _trained_tokenizer(run_config: dict, info):
+    """(kind, tokenizer) of the run's data config, refused when its files are not the ones the
+    checkpoint's weights were trained with."""
+    try:
+        kind, tok = load_run_tokenizer(run_config)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"{e}\n(the run's tokenizer files are needed to export them; pass "
+            "--no-tokenizer / tokenizer=False to export the model without them)"
+        ) from e
+    if tok is not None:
+        data_ids = (run_config.get("data") or {}).get("vocab_size")
+        try:
+            check_tokenizer(
+                tok, info.meta, info.path, data_ids if isinstance(data_ids, int) else None
+            )
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}; or pass --no-tokenizer to export without them") from e
+    return kind, tok
 
 
 def _readme(info, hf_model, tok: TokenizerInfo, cfg) -> str:
@@ -123,7 +135,7 @@ def _readme(info, hf_model, tok: TokenizerInfo, cfg) -> str:
     }
     return f"""# {run or "flashtrain model"} ({cls})
 
-Exported by flashtrain (`scripts/export_hf.py`) from run `{run or "?"}`, checkpoint
+{README_MARK} (`scripts/export_hf.py`) from run `{run or "?"}`, checkpoint
 `{info.path.name}` (step {info.step}, {info.meta.get("tokens_seen", "?")} tokens seen,
 {info.meta.get("params", "?")} parameters), trained with flashtrain commit `{commit}`.
 

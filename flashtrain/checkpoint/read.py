@@ -3,8 +3,9 @@
 Layout of one checkpoint (a directory under the run's checkpoints/ folder):
 
     step_000200/
-        meta.json      step, format, world size, strategy, parameter count, model config, and
-                       `files`: the size and SHA-256 of every other file (manifest.py);
+        meta.json      step, format, world size, strategy, parameter count, model config,
+                       `tokenizer` (its name, which fingerprints its files, and id count),
+                       and `files`: the size and SHA-256 of every other file (manifest.py);
                        written last, so a directory without it is not a checkpoint
         config.yaml    the resolved config of the run that wrote it
         trainer.pt     scheduler, grad scaler, step, tokens seen, per-rank RNG and data positions
@@ -130,10 +131,11 @@ def resolve_resume(
     raise CheckpointError(f"trainer.resume={resume}: no such checkpoint directory")
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
+def resolve_checkpoint(path: str | os.PathLike, *, on_skip=None) -> Path:
     """The checkpoint a command after training names (export, generate, evaluate), its files
-    checked: a step_NNNNNN folder, a checkpoints folder (its newest) or a run directory (its
-    checkpoints/ folder's newest)."""
+    checked: a step_NNNNNN folder (refused when damaged), or a checkpoints folder or run
+    directory: its newest intact checkpoint, each damaged newer one passed over with a line
+    to on_skip (default: a warning in the log) naming it and why."""
     path = Path(path).expanduser()
     if not path.is_dir():
         what = "is not a directory" if path.exists() else "does not exist"
@@ -143,11 +145,23 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         )
     if (path / "checkpoints").is_dir() and not (path / META).exists():
         path = path / "checkpoints"  # a run directory
-    return resolve_resume(str(path), path)
+    if (path / META).is_file() or not find_checkpoints(path):
+        return resolve_resume(str(path), path)  # one checkpoint, or the error naming none
+    return _newest_intact(path, False, what="", on_skip=on_skip, fix="name an intact copy")
 
 
-def _newest_intact(root: str | os.PathLike, allow_unverified: bool) -> Path | None:
+def _newest_intact(
+    root: str | os.PathLike,
+    allow_unverified: bool,
+    *,
+    what: str = "trainer.resume=auto",
+    on_skip=None,
+    fix: str = "delete them to start afresh, or resume from a copy",
+) -> Path | None:
+    """The newest checkpoint under root that verifies; each damaged newer one is passed over
+    with a line (to on_skip, default the log's warnings) naming it and what is wrong."""
     found = find_checkpoints(root)
+    prefix = f"{what}: " if what else ""
     for info in reversed(found):
         try:
             verify_checkpoint(info.path, allow_unverified=allow_unverified)
@@ -155,11 +169,15 @@ def _newest_intact(root: str | os.PathLike, allow_unverified: bool) -> Path | No
         except (UnverifiedCheckpointError, FutureCheckpointError):
             raise  # intact as far as can be told: going back past it would lose its steps
         except CheckpointError as e:
-            log.warning("trainer.resume=auto: passing over checkpoint %s: %s", info.path, e)
+            line = f"{prefix}passing over checkpoint {info.path}: {e}"
+            if on_skip is None:
+                log.warning("%s", line)
+            else:
+                on_skip(line)
     if found:
         raise CheckpointError(
-            f"trainer.resume=auto: none of the {len(found)} checkpoint(s) in {root} is intact "
-            f"(see the warnings above); delete them to start afresh, or resume from a copy"
+            f"{prefix}none of the {len(found)} checkpoint(s) in {root} is intact (each is "
+            f"named above); {fix}"
         )
     return None
 
@@ -352,22 +370,38 @@ ROUTE_ONLY_FIELDS = frozenset(
 )
 
 
-def check_model_config(path: Path, saved: dict | None, current: dict) -> None:
-    """Refuse a checkpoint whose saved model config differs from this run's in a field that
-    changes the function (n_head over the same tensor shapes reinterprets every weight)."""
+def model_config_misfit(
+    saved: dict | None, current: dict, free_fields: frozenset = ROUTE_ONLY_FIELDS
+) -> tuple[str, str] | None:
+    """Where a saved model config differs from `current` outside `free_fields`, in a field
+    that changes the function (n_head over the same tensor shapes reinterprets every weight):
+    (the changes, the settings that match the checkpoint), or None when it fits. saved: None
+    or empty when not recorded (written before the config was saved, a bare state dict): only
+    the tensor shapes can be checked then."""
     if not saved:
-        return  # written before the config was saved: the shapes are still checked
-    differ = [
-        key
-        for key in sorted(set(saved) & set(current))
-        if key not in ROUTE_ONLY_FIELDS and saved[key] != current[key]
-    ]
-    if differ:
-        changes = ", ".join(f"model.{k}={current[k]!r} (checkpoint: {saved[k]!r})" for k in differ)
+        return None
+    if saved.get("arch", current.get("arch")) != current.get("arch"):
+        differ = ["arch"]  # the other fields differ because of it
+    else:
+        differ = [
+            key
+            for key in sorted(set(saved) & set(current))
+            if key not in free_fields and saved[key] != current[key]
+        ]
+    if not differ:
+        return None
+    changes = ", ".join(f"model.{k}={current[k]!r} (checkpoint: {saved[k]!r})" for k in differ)
+    return changes, " ".join(f"model.{k}={saved[k]}" for k in differ)
+
+
+def check_model_config(path: Path, saved: dict | None, current: dict) -> None:
+    """Refuse a resume from a checkpoint whose model config does not fit this run's."""
+    misfit = model_config_misfit(saved, current)
+    if misfit:
+        changes, settings = misfit
         raise CheckpointError(
             f"checkpoint {path} does not fit this model: {changes}; its weights mean something "
-            f"else under these settings. Resume with "
-            f"{' '.join(f'model.{k}={saved[k]}' for k in differ)}, or start a new run"
+            f"else under these settings. Resume with {settings}, or start a new run"
         )
 
 
@@ -438,3 +472,45 @@ def _check_shapes(path: Path, saved: dict, current: dict, meta: dict) -> None:
         lines.append(f"  it was saved with model config {meta['model_config']}")
     lines.append("  resume with the same model settings, or start a new run without trainer.resume")
     raise CheckpointError("\n".join(lines))
+
+
+# ---- the tokenizer a checkpoint's weights were trained with --------------------------------
+
+TOKENIZER = "tokenizer"  # meta.json: {"name": kind + fingerprint of its files, "vocab_size"}
+_NOT_THOSE = (
+    "these are not the vocabulary files its weights were trained with (replaced since?), and "
+    "their ids would mean other text; put the original files back where the run found them"
+)
+
+
+def tokenizer_record(data) -> dict | None:
+    """What meta.json records of the tokenizer the run's data module trained with (its name
+    carries a fingerprint of its vocabulary files), or None for data that comes as ids."""
+    for attribute in ("tokenizer", "tok"):  # LM corpora hold it as .tokenizer, MLM as .tok
+        tok = getattr(data, attribute, None)
+        name, ids = getattr(tok, "name", None), getattr(tok, "vocab_size", None)
+        if isinstance(name, str) and isinstance(ids, int):
+            return {"name": name, "vocab_size": ids}
+    return None
+
+
+def check_tokenizer(tok, meta: dict, checkpoint: Path, data_vocab_size: int | None) -> None:
+    """Refuse a tokenizer rebuilt from the run's config (data.tokenizer_path, the caches) that
+    is not the one the checkpoint's weights were trained with: another name or id count than
+    its meta.json records, or, for a checkpoint written before the record, another id count
+    than the run's data.vocab_size (ids past the embedding table)."""
+    files = ", ".join(str(f) for f in getattr(tok, "files", ())) or "no files"
+    now = f"{tok.name} ({tok.vocab_size} ids, from {files})"
+    recorded = meta.get(TOKENIZER)
+    if isinstance(recorded, dict):
+        if (tok.name, tok.vocab_size) != (recorded.get("name"), recorded.get("vocab_size")):
+            raise CheckpointError(
+                f"checkpoint {checkpoint} was trained with tokenizer {recorded.get('name')} "
+                f"({recorded.get('vocab_size')} ids) but the run's tokenizer is now {now}: "
+                f"{_NOT_THOSE}"
+            )
+    elif data_vocab_size is not None and tok.vocab_size != data_vocab_size:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} was trained with data.vocab_size={data_vocab_size} but "
+            f"the run's tokenizer is now {now}: {_NOT_THOSE}"
+        )

@@ -15,6 +15,7 @@ through torch.distributed.checkpoint into targets shaped like the rows asked for
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from pathlib import Path
@@ -24,12 +25,14 @@ import torch
 from omegaconf import OmegaConf
 from torch.distributed.tensor import DTensor
 
-from flashtrain.checkpoint.manifest import CheckpointError
+from flashtrain.checkpoint.manifest import META, CheckpointError
 from flashtrain.checkpoint.read import (
     CONFIG,
     MODEL_OPTIM,
+    ROUTE_ONLY_FIELDS,
     UnverifiedCheckpointError,
     dcp_model_entries,
+    model_config_misfit,
     read_meta,
     resolved_on_rank_0,
     torch_load,
@@ -39,6 +42,21 @@ from flashtrain.hf.registry import mapping_for, mapping_for_hf
 from flashtrain.hf.source import open_weights, read_config, resolve_source
 
 HF_PREFIX = "hf:"
+
+# What a run started from saved weights may change besides what a resume may (ROUTE_ONLY_FIELDS:
+# how it computes, the context): dropout, the context extension (rope_scaling, as on the hf:
+# path), the head trained on top (its tensors' shapes are checked one by one), and what only
+# derives a compared field (multiple_of, ffn_dim_multiplier: d_ff) or pads rows never used.
+INIT_FROM_FREE_FIELDS = ROUTE_ONLY_FIELDS | {
+    "dropout",
+    "attn_dropout",
+    "rope_scaling",
+    "head",
+    "num_classes",
+    "pad_vocab_multiple",
+    "multiple_of",
+    "ffn_dim_multiplier",
+}
 
 
 def open_source(ref: str | os.PathLike, *, collective: bool = False) -> WeightSource:
@@ -86,6 +104,20 @@ class WeightSource:
         return {"source": self.description}
 
 
+def check_saved_model_config(description: str, saved: dict | None, cfg) -> None:
+    """Refuse weights whose saved model config differs from `cfg` (a model config dataclass)
+    in a field that changes what they compute, naming each and both values: n_head over the
+    same tensor shapes would reinterpret every weight. saved: None when not recorded (a bare
+    state dict), which only the tensor shapes can be checked against."""
+    misfit = model_config_misfit(saved, dataclasses.asdict(cfg), INIT_FROM_FREE_FIELDS)
+    if misfit:
+        changes, settings = misfit
+        raise ValueError(
+            f"{description} does not fit this model: {changes}; its weights mean something "
+            f"else under these settings. To start from it, set {settings}"
+        )
+
+
 class TrainerSource(WeightSource):
     """A checkpoint this trainer wrote (checkpoint/write.py), in either format."""
 
@@ -114,6 +146,12 @@ class TrainerSource(WeightSource):
         if self.run_config is not None and "model" in self.run_config:
             return OmegaConf.to_container(self.run_config.model, resolve=True)
         raise CheckpointError(f"checkpoint {self.path} records no model_config in its meta.json")
+
+    def check_model(self, cfg) -> None:
+        saved = self.meta.get("model_config")
+        if not saved and self.run_config is not None and "model" in self.run_config:
+            saved = OmegaConf.to_container(self.run_config.model, resolve=True)
+        check_saved_model_config(self.description, saved, cfg)
 
     def attention_config(self) -> Any:
         if self.run_config is not None and "attention" in self.run_config:
@@ -144,11 +182,23 @@ class TrainerSource(WeightSource):
 
 
 class TorchFileSource(WeightSource):
-    """A torch file holding a state dict, or a trainer's model_optim.pt (read unchecked)."""
+    """A torch file holding a state dict, or a trainer's model_optim.pt (read unchecked; its
+    step folder's meta.json, when there, says the model config it was saved with)."""
 
     def __init__(self, path: Path):
         self.path = path
         self.description = f"torch file {path}"
+
+    def check_model(self, cfg) -> None:
+        check_saved_model_config(self.description, self._saved_model_config(), cfg)
+
+    def _saved_model_config(self) -> dict | None:
+        if self.path.name != MODEL_OPTIM or not (self.path.parent / META).is_file():
+            return None  # a bare state dict records no config
+        try:
+            return read_meta(self.path.parent).get("model_config")
+        except CheckpointError:
+            return None  # read unchecked, as the file itself is
 
     def rows_for(self, cfg, model):
         try:

@@ -21,6 +21,7 @@ import numpy as np
 from flashtrain.data import pysrc
 from flashtrain.data.config import CorpusConfig, cache_root
 from flashtrain.data.files import describe_missing, exclusive_lock, remove_stale_temporaries
+from flashtrain.data.text_encoding import UTF8_BUILDERS, check_utf8
 from flashtrain.data.token_cache import VERSION, open_token_file, write_token_file
 from flashtrain.data.tokenization import Tokenizer
 
@@ -73,11 +74,15 @@ def load_split(cfg: CorpusConfig, split: str, *, streaming: bool = False):
 
     require_source(cfg)
     if cfg.data_files:
-        patterns = cfg.data_files if split == "train" else cfg.val_files
+        key = "data_files" if split == "train" else "val_files"
+        patterns = getattr(cfg, key)
         if not patterns:
             return None
         files = resolve_local_files(patterns)
         builder = local_builder(files)
+        if builder in UTF8_BUILDERS:
+            for file in files:
+                check_utf8(file, f"data.{key}")
         extra = {"sample_by": cfg.sample_by} if builder == "text" else {}
         return load_dataset(
             builder,

@@ -15,6 +15,7 @@ from flashtrain.data.lm_batches import fixed_windows, gather_windows, lm_batch
 from flashtrain.data.lm_stream import StreamingLM  # one-way: it never imports this module
 from flashtrain.data.module import DataModule, DataRun, SampledDataModule
 from flashtrain.data.sampling import EpochSampler, epoch_rng
+from flashtrain.data.stream_identity import token_file_identity
 from flashtrain.data.tokenization import build_tokenizer
 
 
@@ -72,6 +73,14 @@ class TokenCacheLM(SampledDataModule):
             rng = epoch_rng(self.seed, epoch, purpose=1)
             self._shifts[epoch] = int(rng.integers(min(self.window, slack + 1)))
         return self._shifts[epoch]
+
+    def identity_fields(self) -> dict:
+        return {
+            "data.streaming": False,
+            "corpus": token_file_identity(self.splits["train"]),
+            "data.tokenizer": self.tokenizer.name,
+            "data.document_masking": self.document_masking,
+        }
 
     def make_batch(self, epochs, items):
         shifts = np.array([self.shift(int(e)) for e in epochs], dtype=np.int64)

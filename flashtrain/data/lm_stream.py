@@ -12,14 +12,17 @@ are held out, as many as eval_batches validation batches on every rank take.
 from __future__ import annotations
 
 import itertools
+import os
+from pathlib import Path
 
 import numpy as np
 
 from flashtrain.data.config import LMCorpusConfig, cache_root, check_vocab_size
-from flashtrain.data.corpus import load_split
+from flashtrain.data.corpus import load_split, resolve_local_files
 from flashtrain.data.lm_batches import fixed_windows, lm_batch
 from flashtrain.data.module import DataModule, DataRun
 from flashtrain.data.sampling import check_same_stream
+from flashtrain.data.stream_identity import IDENTITY_KEY, check_same_data, short_hash
 from flashtrain.data.tokenization import build_tokenizer
 
 _DOCS_PER_READ = 64  # documents tokenized together
@@ -142,6 +145,15 @@ class StreamingLM(DataModule):
         """Documents the training stream skips (0 with a validation split)."""
         return 0 if self.has_val_split else self.held_out()[0]
 
+    def identity_fields(self) -> dict:
+        return {
+            "data.streaming": True,
+            "corpus": source_identity(self.cfg),  # read lazily: identified by where it is
+            "data.tokenizer": self.tokenizer.name,
+            "data.document_masking": self.document_masking,
+            "data.shuffle_buffer": self.cfg.shuffle_buffer,
+        }
+
     def state_dict(self) -> dict:
         return {
             "epoch": self.epoch,
@@ -150,9 +162,26 @@ class StreamingLM(DataModule):
             "seed": self.seed,
             "world_size": self.world_size,
             "held_out_docs": self.held_out_docs,  # depends on trainer.eval_batches
+            IDENTITY_KEY: self.data_identity,
         }
 
     def load_state_dict(self, state: dict) -> None:
+        check_same_data(state, self.data_identity)
         check_same_stream(state, self, ("seed", "world_size", "held_out_docs"))
         self.epoch, self.docs_read = int(state["epoch"]), int(state["docs_read"])
         self.pending = np.asarray(state["pending"], dtype=np.int64)
+
+
+def source_identity(cfg: LMCorpusConfig) -> str:
+    """A streamed corpus by its source: the local files' names and sizes (not their folder, so a
+    moved corpus is the same one), or the hub dataset, and the text field read."""
+    if cfg.data_files:
+        files = {
+            key: [(Path(f).name, os.path.getsize(f)) for f in resolve_local_files(patterns)]
+            for key, patterns in (("data_files", cfg.data_files), ("val_files", cfg.val_files))
+            if patterns
+        }
+        count = len(files["data_files"])
+        return f"{count} local files, sha256 {short_hash([files, cfg.sample_by, cfg.text_field])}"
+    hub = [cfg.hub_name, cfg.hub_config, cfg.train_split, cfg.val_split, cfg.text_field]
+    return f"{cfg.hub_name} ({cfg.hub_config or 'default'}), sha256 {short_hash(hub)}"

@@ -9,6 +9,8 @@ attention_mask 0 there.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import torch
 
@@ -92,6 +94,16 @@ class LongDocClassification(SampledDataModule):
     def prepare(cls, cfg: LongDocConfig, *, progress: bool = True) -> dict:
         train, val = train_val_splits(cfg)
         return {"train_documents": len(train), "validation_documents": len(val)}
+
+    def identity_fields(self) -> dict:
+        """The training examples by content (their tokens, lengths and labels)."""
+        tokens, labels = self.examples["train"]
+        digest = hashlib.sha256(labels.tobytes())
+        for example in tokens:  # each prefixed by its length: the split points count too
+            digest.update(len(example).to_bytes(8, "little"))
+            digest.update(np.asarray(example, dtype=np.int64).tobytes())
+        corpus = f"{len(labels)} examples, sha256 {digest.hexdigest()[:12]}"
+        return {"corpus": corpus, "data.tokenizer": self.tok.name}
 
     def batch(self, split: str, items) -> dict[str, torch.Tensor]:
         tokens, labels = self.examples[split]

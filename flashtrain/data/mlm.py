@@ -29,6 +29,7 @@ from flashtrain.data.corpus import open_corpus, prepared_summary
 from flashtrain.data.mlm_corruption import mask_tokens
 from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
 from flashtrain.data.sampling import EpochSampler
+from flashtrain.data.stream_identity import token_file_identity
 from flashtrain.data.tokenization import build_tokenizer
 
 PRESETS = {
@@ -109,6 +110,12 @@ class MaskedLM(SampledDataModule):
         tokenizer = cls.tokenizer(cfg)
         files = open_corpus(cfg, tokenizer, eos_policy="none", progress=progress)
         return prepared_summary(files, tokenizer)
+
+    def identity_fields(self) -> dict:
+        return {
+            "corpus": token_file_identity(self.splits["train"]),
+            "data.tokenizer": self.tok.name,
+        }
 
     def instance(self, split: str, piece: int, rng: np.random.Generator, shorten: bool):
         """(ids (T,), token_type_ids (T,), maskable (T,)) for one piece, padded to seq_len."""

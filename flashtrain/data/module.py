@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 import torch
 
 from flashtrain.data.sampling import EpochSampler, rank_share
+from flashtrain.data.stream_identity import IDENTITY_KEY, check_same_data
 
 TASKS = ("lm", "mlm", "classification")
 IGNORE_INDEX = -100  # label value the losses skip
@@ -35,7 +38,8 @@ class DataModule:
     stream position (one live iterator at a time: they share the position).
     val_batches(): finite, identical on every call, a disjoint share per rank (same count), at
     most eval_batches batches per rank (None: all the validation data).
-    state_dict() / load_state_dict(): the training stream position.
+    state_dict() / load_state_dict(): the training stream position, with data_identity, what
+    the position counts in (stream_identity.py): loading it onto other data raises OtherDataError.
     loss_bounds(): None, or {what: loss in nats} that put a run's loss in context.
     loss_verdict(eval_loss): None, or a sentence saying what a final eval loss shows.
     prepare(cfg): the one-off work (tokenizing, generating) before any run; what it made.
@@ -91,6 +95,16 @@ class DataModule:
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
 
+    @cached_property
+    def data_identity(self) -> dict[str, Any]:
+        """What defines the training stream, {field as the user sets it: value}; computed once
+        (the state is copied every step)."""
+        return {"data.loader": self.Config.loader, "seq_len": self.seq_len} | self.identity_fields()
+
+    def identity_fields(self) -> dict[str, Any]:
+        """The loader's own part of data_identity (its corpus, tokenizer, task parameters)."""
+        return {}
+
 
 class SampledDataModule(DataModule):
     """A DataModule whose training stream is an EpochSampler over items that `make_batch` turns
@@ -108,9 +122,10 @@ class SampledDataModule(DataModule):
             yield self.make_batch(epochs, items)
 
     def state_dict(self) -> dict:
-        return {"sampler": self.sampler.state_dict()}
+        return {"sampler": self.sampler.state_dict(), IDENTITY_KEY: self.data_identity}
 
     def load_state_dict(self, state: dict) -> None:
+        check_same_data(state, self.data_identity)
         self.sampler.load_state_dict(state["sampler"])
 
 

@@ -22,6 +22,7 @@ import torch
 from flashtrain.data.config import SyntheticConfig
 from flashtrain.data.module import IGNORE_INDEX, DataModule, DataRun, EvalBatches, eval_items
 from flashtrain.data.sampling import check_same_stream
+from flashtrain.data.stream_identity import IDENTITY_KEY, check_same_data
 
 TRAIN_STREAM, VAL_STREAM = 0, 1
 
@@ -139,9 +140,18 @@ class AssociativeRecall(DataModule):
             )
         return f"{where}: the model does not use its context yet (train longer or larger)"
 
+    def identity_fields(self) -> dict:
+        return {"data.num_keys": self.num_keys, "data.num_values": self.num_values}
+
     def state_dict(self) -> dict:
-        return {"step": self.step, "seed": self.seed, "world_size": self.world_size}
+        return {
+            "step": self.step,
+            "seed": self.seed,
+            "world_size": self.world_size,
+            IDENTITY_KEY: self.data_identity,
+        }
 
     def load_state_dict(self, state: dict) -> None:
+        check_same_data(state, self.data_identity)
         check_same_stream(state, self)
         self.step = int(state["step"])

@@ -49,6 +49,7 @@ class Tokenizer:
     sep_id: int | None = None
     mask_id: int | None = None
     unk_id: int | None = None
+    files: tuple[Path, ...] = ()  # the vocabulary files it was read from (none for bytes)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         raise NotImplementedError
@@ -87,9 +88,10 @@ def _fingerprint(paths: list[Path]) -> str:
 class HFTokenizer(Tokenizer):
     """A `tokenizers` (Rust) tokenizer with the special ids looked up by their token strings."""
 
-    def __init__(self, backend, name: str, specials: dict[str, str]):
+    def __init__(self, backend, name: str, specials: dict[str, str], files: tuple[Path, ...] = ()):
         self.backend = backend
         self.name = name
+        self.files = files  # the vocabulary files its name's fingerprint covers
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         for attribute, token in specials.items():
             token_id = backend.token_to_id(token)
@@ -127,7 +129,7 @@ def _gpt2_from_tokenizer_json(path: Path) -> HFTokenizer:
     from tokenizers import Tokenizer as Backend
 
     return HFTokenizer(
-        Backend.from_file(str(path)), f"gpt2-bpe-{_fingerprint([path])}", _GPT2_SPECIALS
+        Backend.from_file(str(path)), f"gpt2-bpe-{_fingerprint([path])}", _GPT2_SPECIALS, (path,)
     )
 
 
@@ -139,7 +141,8 @@ def _gpt2_from_bpe_files(vocab: Path, merges: Path) -> HFTokenizer:
     # GPT-2 splits text with its regex, on raw bytes mapped to printable characters.
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    return HFTokenizer(backend, f"gpt2-bpe-{_fingerprint([vocab, merges])}", _GPT2_SPECIALS)
+    name = f"gpt2-bpe-{_fingerprint([vocab, merges])}"
+    return HFTokenizer(backend, name, _GPT2_SPECIALS, (vocab, merges))
 
 
 def load_gpt2(
@@ -197,7 +200,8 @@ def load_wordpiece(
             backend = BertWordPieceTokenizer(str(path), lowercase=lowercase)
             case = "uncased" if lowercase else "cased"
             specials = _BERT_SPECIALS | {"unk_id": "[UNK]"}
-            return HFTokenizer(backend, f"wordpiece-{case}-{_fingerprint([path])}", specials)
+            name = f"wordpiece-{case}-{_fingerprint([path])}"
+            return HFTokenizer(backend, name, specials, (path,))
     looked = "\n  ".join(str(d) for d in dirs)
     raise FileNotFoundError(
         "WordPiece vocab.txt not found (and none was downloaded: HF_HUB_OFFLINE=1 or not a hub model). Looked in:\n  "

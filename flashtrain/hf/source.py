@@ -150,6 +150,8 @@ _SAFETENSORS_DTYPES = {
 
 
 def _open_file(path: Path) -> dict[str, torch.Tensor | SafetensorsView]:
+    """The file's tensors, unread; a file the reader cannot take (cut short by an interrupted
+    download or copy, overwritten) is a ValueError naming it and what to do."""
     if path.suffix == ".safetensors":
         try:
             from safetensors import safe_open
@@ -157,6 +159,34 @@ def _open_file(path: Path) -> dict[str, torch.Tensor | SafetensorsView]:
             raise ImportError(
                 f"reading {path.name} needs safetensors: pip install -e '.[hf]'"
             ) from None
+    try:
+        if path.suffix != ".safetensors":
+            return _torch_load(path)
         file = safe_open(str(path), framework="pt", device="cpu")
         return {key: SafetensorsView(file, key) for key in file.keys()}  # noqa: SIM118
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # noqa: BLE001 - SafetensorError, a zip or mmap error: one answer
+        raise DamagedWeightsError(path, e) from e
+
+
+def _torch_load(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):
+            raise
+        # a legacy (pre-zip) pickle, as old hub repositories hold, cannot be mapped: read whole
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+class DamagedWeightsError(ValueError):
+    """A weights file its reader refuses: truncated or damaged."""
+
+    def __init__(self, path: Path, error: BaseException):
+        reason = str(error).splitlines()[0] if str(error).strip() else ""
+        super().__init__(
+            f"{path} is truncated or damaged ({type(error).__name__}: {reason}); download it "
+            "again (a hub model: `hf download REPO_ID --force-download`) or, for a folder "
+            "scripts/export_hf.py wrote, export the checkpoint again"
+        )

@@ -48,10 +48,13 @@ def load_run_tokenizer(run_config: dict):
     return kind, build_tokenizer(cfg, cache_root(cfg))
 
 
-def write_tokenizer(run_config: dict, folder: Path, max_len: int) -> TokenizerInfo:
-    """Write the run's tokenizer files into `folder` (when it has any); say what was done."""
+def write_tokenizer(
+    run_config: dict, folder: Path, max_len: int, loaded: tuple | None = None
+) -> TokenizerInfo:
+    """Write the run's tokenizer files into `folder` (when it has any); say what was done.
+    loaded: load_run_tokenizer(run_config), already loaded (and checked) by the caller."""
     data = run_config.get("data") or {}
-    kind, tok = load_run_tokenizer(run_config)
+    kind, tok = loaded if loaded is not None else load_run_tokenizer(run_config)
     if tok is None:
         name = data.get("name", "?")
         return TokenizerInfo(

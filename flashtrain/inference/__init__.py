@@ -3,7 +3,7 @@
     from flashtrain.checkpoint import load_model
     from flashtrain.inference import generate, run_config, run_tokenizer
     model, info = load_model("outputs/.../checkpoints")          # the one loader (and run facts)
-    tokenizer = run_tokenizer(run_config(info).data)
+    tokenizer = run_tokenizer(run_config(info).data, checkpoint=info)
     tokens = generate(model, [tokenizer.encode("def ")], max_new_tokens=32)
 
 scripts/generate.py and scripts/evaluate.py are the command lines (docs/inference.md).

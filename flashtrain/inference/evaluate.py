@@ -25,10 +25,12 @@ from flashtrain.data.config import SyntheticConfig
 from flashtrain.data.lm import TokenCacheLM
 from flashtrain.data.lm_batches import lm_batch
 from flashtrain.data.registry import build_data, data_config
-from flashtrain.inference.generate import position_limit
+from flashtrain.inference.generate import position_limit, require_decoder
+from flashtrain.inference.memory import available_bytes, gib, largest
 
 IGNORE_INDEX = -100
 DOCUMENT_FIELDS = ("cu_seqlens", "max_seqlen", "position_ids")
+LOGIT_CHUNK = 1024  # positions whose logits exist at a time (token_losses)
 
 
 @dataclass
@@ -71,7 +73,7 @@ def _bucketed(values: np.ndarray, counts: np.ndarray, edges: list[int]):
 
 
 @torch.no_grad()
-def token_losses(model, batch: dict, chunk: int = 1024) -> torch.Tensor:
+def token_losses(model, batch: dict, chunk: int = LOGIT_CHUNK) -> torch.Tensor:
     """Per-token loss (B, T) float32 in nats, 0 where labels are IGNORE_INDEX, from the model's
     own head (model.head_logits: a final softcap included); the logits exist `chunk` positions
     at a time."""
@@ -90,11 +92,44 @@ def token_losses(model, batch: dict, chunk: int = 1024) -> torch.Tensor:
     return out
 
 
+def forward_bytes(model, seq_len: int, batch_size: int) -> int:
+    """About the peak bytes of scoring one batch of seq_len windows with `model` (float32, no
+    autograd): per token the hidden states kept, one block's working set (its input, q, k, v,
+    the attention output, three d_ff-wide MLP tensors: SwiGLU's most), the ids, labels and
+    loss; the logits and their log-softmax LOGIT_CHUNK positions at a time; a learned position
+    table resized to seq_len (read and written, on load). An estimate, meant to refuse what
+    cannot fit, not to promise what can."""
+    cfg = model.config
+    kv_dim = (getattr(cfg, "n_kv_head", None) or cfg.n_head) * cfg.head_dim
+    per_token = 4 * (4 * cfg.d_model + 2 * kv_dim + 3 * cfg.d_ff) + 8 + 8 + 4
+    logits = 2 * 4 * batch_size * min(seq_len, LOGIT_CHUNK) * cfg.vocab_size
+    table = 2 * 4 * seq_len * cfg.d_model if position_limit(model) is not None else 0
+    return batch_size * seq_len * per_token + logits + table
+
+
+def check_evaluation_fits(model, seq_len: int, batch_size: int, device) -> None:
+    """Refuse a length whose batches cannot fit the device's free memory, with the figure and
+    the longest length that fits (before a position table of that length is built)."""
+    free = available_bytes(device)
+    need = forward_bytes(model, seq_len, batch_size)
+    if free is None or need <= free:
+        return
+    fits = largest(lambda n: forward_bytes(model, n, batch_size) <= free, 2, seq_len)
+    most = f"at most {fits} fits" if fits else "not even 2 fits"
+    raise ValueError(
+        f"--seq-len {seq_len} needs about {gib(need)} for a batch of {batch_size} windows but "
+        f"{device} has {gib(free)} available: {most} at --batch-size {batch_size} (a smaller "
+        "--batch-size fits longer windows)"
+    )
+
+
 def window_starts(length: int, seq_len: int, stride: int) -> list[tuple[int, int]]:
     """(start, first scored label) of each sliding window of seq_len + 1 tokens over `length`
     tokens: windows `stride` apart from 0, then one ending at the last token if they do not; a
     window scores the labels after the previous window's end, so every token but the first is
     scored exactly once."""
+    if stride < 1:
+        raise ValueError(f"the stride must be >= 1 (tokens between windows), got {stride}")
     if length < seq_len + 1:
         raise ValueError(f"the split has {length} tokens: fewer than one window of {seq_len + 1}")
     starts = list(range(0, length - seq_len, stride))
@@ -166,9 +201,16 @@ def evaluate_length(model, data_cfg, seq_len: int, *, stride: int | None = None,
     """The loss of `model` on seq_len windows of data_cfg (see the module docstring).
     special_ids: token ids that are not text (a byte tokenizer's <eos>): with any, the result
     also has the loss on the other targets (text_loss, what bits per byte counts)."""
+    require_decoder(model)
     limit = position_limit(model)
     if limit is not None and seq_len > limit:
         raise ValueError(f"seq_len {seq_len} exceeds the model's {limit} positions")
+    if seq_len < 2 or batch_size < 1 or (stride is not None and stride < 1):
+        raise ValueError(
+            f"seq_len must be >= 2, batch_size >= 1 and stride None or >= 1, got {seq_len}, "
+            f"{batch_size}, {stride}"
+        )
+    check_evaluation_fits(model, seq_len, batch_size, model.output_weight().device)
     batches, count, kind = windows(data_cfg, seq_len, stride=stride, batch_size=batch_size,
                                    max_batches=max_batches, seed=seed)  # fmt: skip
     sums = np.zeros(seq_len)

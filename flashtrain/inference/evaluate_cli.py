@@ -15,43 +15,45 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from flashtrain.checkpoint import load_model
 from flashtrain.checkpoint.manifest import CheckpointError
 from flashtrain.data.registry import data_config
 from flashtrain.inference import evaluate_output
-from flashtrain.inference.evaluate import evaluate_length
-from flashtrain.inference.generate import position_limit
+from flashtrain.inference.cli_args import OneLineParser, default_device, device, integer
+from flashtrain.inference.evaluate import check_evaluation_fits, evaluate_length
+from flashtrain.inference.generate import position_limit, require_decoder
 from flashtrain.inference.run_tokenizer import run_config, run_tokenizer
 
 
 def _parser(configs: Path | None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a checkpoint, a checkpoints folder or a run directory")
-    p.add_argument("--seq-len", type=int, nargs="+", required=True, help="context lengths")
+    p.add_argument("--seq-len", type=integer(2, "a context length in tokens"), nargs="+",
+                   required=True, help="context lengths (refused beyond the memory free)")  # fmt: skip
     p.add_argument("--data", nargs="+", metavar=("NAME", "KEY=VALUE"),
                    help="a configs/data/ config and overrides (default: the run's data)")  # fmt: skip
     p.add_argument("--configs", type=Path, default=configs,
                    help=f"the configs folder --data composes from (default: {configs})")  # fmt: skip
-    p.add_argument("--stride", type=int, default=None,
+    p.add_argument("--stride", type=integer(1, "tokens between sliding windows"), default=None,
                    help="sliding windows this far apart (token corpora); default: non-overlapping")  # fmt: skip
-    p.add_argument("--batches", type=int, default=None,
+    p.add_argument("--batches", type=integer(1, "batches per length"), default=None,
                    help="at most this many batches per length (default: the whole split; 8 for synthetic)")  # fmt: skip
     p.add_argument(
         "--tokens",
-        type=int,
+        type=integer(1, "tokens per length"),
         default=None,
         help="about this many tokens per length, the same leading span of the split "
         "at every length (so lengths compare on the same text); instead of --batches",
     )
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--buckets", type=int, default=16, help="position buckets (log-spaced)")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch-size", type=integer(1, "windows per batch"), default=8)
+    p.add_argument("--buckets", type=integer(1, "position buckets"), default=16,
+                   help="position buckets (log-spaced)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None,
+                   help="the folder of the results (default: <run>/eval/step_NNNNNN)")  # fmt: skip
+    p.add_argument("--device", type=device, default=default_device(), help="cpu, cuda, cuda:N")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -68,10 +70,41 @@ def composed_data_config(configs: Path | None, name: str, overrides: list[str]):
             f"{configs or 'none'} is not one: give --configs DIR (scripts/evaluate.py passes the "
             "checkout's configs/)"
         )
+    names = sorted(p.stem for p in (Path(configs) / "data").glob("*.yaml"))
+    if name not in names:
+        raise ValueError(
+            f"--data {name!r} is no config of {configs}/data: one of {', '.join(names)}"
+        )
+    bad = next((kv for kv in overrides if "=" not in kv or kv.startswith("=")), None)
+    if bad is not None:
+        raise ValueError(
+            f"--data {name}: {bad!r} is no override: give KEY=VALUE (a key of its config)"
+        )
     register_schemas()
     with initialize_config_dir(str(Path(configs).resolve()), version_base="1.3"):
-        cfg = compose("train", overrides=[f"data={name}", *(f"data.{kv}" for kv in overrides)])
+        try:
+            cfg = compose("train", overrides=[f"data={name}", *(f"data.{kv}" for kv in overrides)])
+        except HydraException as e:
+            default = compose("train", [f"data={name}"])
+            raise ValueError(_override_error(name, overrides, e, default)) from e
     return OmegaConf.to_container(cfg.data, resolve=True)
+
+
+def _override_error(name: str, overrides: list[str], error: Exception, default) -> str:
+    """One line for an override Hydra refused: the unknown key and the keys there are, or the
+    value and why (Hydra's first line, its cause's message)."""
+    keys = sorted(default.data.keys())
+    for kv in overrides:
+        key = kv.split("=", 1)[0]
+        if key.lstrip("+~").split(".")[0] not in keys:
+            return f"--data {name}: unknown key {key!r}; its keys: {', '.join(keys)}"
+    cause = error.__cause__ or error
+    reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    bad = next((kv for kv in overrides if f"data.{kv}" in str(error)), None)
+    if bad is None:
+        return f"--data {name} {' '.join(overrides)}: {reason}"
+    key, value = bad.split("=", 1)
+    return f"--data {name}: cannot set {key!r} to {value!r}: {reason}"
 
 
 def check_same_tokenizer(run, data) -> None:
@@ -93,25 +126,34 @@ def _progress(disabled: bool):
 
 
 def run(args) -> list[Path]:
+    """Everything that can be checked before evaluating is: the options, the data, the output
+    folder and each length's memory; then the lengths are evaluated and the files written."""
     if args.tokens is not None and args.batches is not None:
         raise ValueError("--tokens and --batches both size the evaluation: give one")
-    trained_model, info = load_model(args.checkpoint, device=args.device)
-    config = run_config(info)
+    if args.out is not None:
+        evaluate_output.check_folder(args.out)
     if args.data:
         data = composed_data_config(args.configs, args.data[0], args.data[1:])
-    else:
+    trained_model, info = load_model(args.checkpoint, device=args.device)
+    require_decoder(trained_model, info.source)
+    out = args.out or info.path.parent.parent / "eval" / info.path.name
+    if args.out is None:
+        evaluate_output.check_folder(out)
+    config = run_config(info)
+    if not args.data:
         data = OmegaConf.to_container(config.data, resolve=True)
     cfg = data_config(data)
-    tokenizer = run_tokenizer(data)
+    # the run's own data: checked against the tokenizer its weights were trained with
+    tokenizer = run_tokenizer(data, checkpoint=None if args.data else info)
     if args.data:
-        check_same_tokenizer(run_tokenizer(config.data), tokenizer)
+        check_same_tokenizer(run_tokenizer(config.data, checkpoint=info), tokenizer)
     trained = int(config.model.max_seq_len)
     bits_per_byte = tokenizer.name.startswith("byte")
+    for seq_len in args.seq_len:  # all of them before the first is evaluated
+        check_evaluation_fits(trained_model, seq_len, args.batch_size, args.device)
     models = {None: trained_model}
     results = []
     for seq_len in args.seq_len:
-        if seq_len < 2:
-            raise ValueError(f"--seq-len values must be >= 2, got {seq_len}")
         model, notes = trained_model, []
         limit = position_limit(trained_model)
         if limit is not None and seq_len > limit:
@@ -138,7 +180,6 @@ def run(args) -> list[Path]:
     facts = {**info.facts(), "trained_seq_len": trained}
     data_facts = dict(name=cfg.name, loader=cfg.loader, split="validation")
     report = evaluate_output.payload(facts, data_facts, results, bits_per_byte)
-    out = args.out or info.path.parent.parent / "eval" / info.path.name
     return evaluate_output.write(report, out)
 
 

@@ -84,6 +84,19 @@ def plot(report: dict, path: Path) -> None:
     save(fig, path)
 
 
+def check_folder(out: Path) -> None:
+    """Refuse an output path that names a file, or lies under one, before anything is evaluated
+    (the files go into a folder, made if missing)."""
+    out = Path(out)
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        where = "is a file" if blocking == out else f"lies under {blocking}, a file"
+        raise ValueError(
+            f"--out {out} {where}: name a folder (made if missing) for eval.json, eval.md and "
+            "loss_by_position.png"
+        )
+
+
 def write(report: dict, out: Path) -> list[Path]:
     out = Path(out)
     paths = [out / "eval.json", out / "eval.md", out / "loss_by_position.png"]

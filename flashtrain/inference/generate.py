@@ -7,17 +7,21 @@ sequence per step: the model runs on (B, 1) tokens at positions seqlens[b], atte
 the KV cache (flashtrain.inference.kv_cache). A model qualifies when it has
 `hidden_states(input_ids, position_ids=...)`, `head_logits(hidden)` (the LM head and whatever
 follows it, e.g. a final softcap), `output_weight()` and attention layers that call
-`attn_op(q, k, v, ctx, dropout_p)` (GPT-2; the Llama family).
+`attn_op(q, k, v, ctx, dropout_p)` (GPT-2; the Llama family). check_generation refuses, before
+anything is allocated, what cannot work: an encoder, positions past a learned table, a KV
+cache larger than the device's free memory.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from flashtrain.inference.kv_cache import KVCache
+from flashtrain.inference.kv_cache import KVCache, kv_cache_bytes
+from flashtrain.inference.memory import available_bytes, gib, largest
 
 
 @dataclass(frozen=True)
@@ -29,8 +33,10 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 <= self.temperature < math.inf:
+            raise ValueError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}"
+            )
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:
@@ -41,7 +47,13 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
     """logits (B, V) -> tokens (B,) int64: greedy, or a draw after temperature, top-k, top-p."""
     if sampling.temperature == 0.0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / sampling.temperature
+    # the max taken away before dividing: the top token's 0 stays 0 however small the temperature
+    # (logits / 1e-40 overflow float32, and inf - inf in the softmax is nan); a temperature
+    # below float32's smallest normal number gives the same draw as that number
+    logits = logits.float()
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(
+        sampling.temperature, torch.finfo(torch.float32).tiny
+    )
     if 0 < sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -59,6 +71,59 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
 def position_limit(model) -> int | None:
     """Positions a model can take: its learned table's length, or None (rotary: no table)."""
     return model.config.max_seq_len if getattr(model, "position_tables", None) else None
+
+
+def require_decoder(model, what: str = "the model") -> None:
+    """Generation and evaluation need a causal language model with an LM head (see the module
+    docstring): name what `what` holds instead (a BERT encoder, a sequence classifier)."""
+    parts = ("hidden_states", "head_logits", "output_weight")
+    if getattr(model, "causal", False) and all(callable(getattr(model, p, None)) for p in parts):
+        return
+    cfg = model.config
+    head = f", model.head={cfg.head}" if getattr(cfg, "head", None) else ""
+    raise ValueError(
+        f"{what} holds a {type(model).__name__} (model.arch={cfg.arch}{head}), not a decoder: "
+        "generate and evaluate take a causal language model (model.arch=gpt2 or llama)"
+    )
+
+
+def check_generation(
+    model, prompts: list[list[int]], max_new_tokens: int, *, option: str = "max_new_tokens"
+) -> None:
+    """Everything generate() needs, checked before anything is allocated or printed: prompts,
+    positions (a learned table's length) and the KV cache's memory on the model's device.
+    option: how the caller names max_new_tokens (the command line: --max-new-tokens)."""
+    require_decoder(model)
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate needs at least one prompt, each of at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"{option} must be >= 1, got {max_new_tokens}")
+    longest, batch = max(len(p) for p in prompts), len(prompts)
+    limit = position_limit(model)
+    if limit is not None and longest > limit:
+        raise ValueError(
+            f"the longest prompt ({longest} tokens) is longer than the model's {limit} learned "
+            "positions (model.max_seq_len): shorten it"
+        )
+    if limit is not None and longest + max_new_tokens - 1 > limit:
+        # the last new token is never fed back, so it needs no position
+        raise ValueError(
+            f"the longest prompt ({longest} tokens) + {option} ({max_new_tokens}) - 1 exceeds "
+            f"the model's {limit} learned positions (model.max_seq_len): {option} at most "
+            f"{limit - longest + 1}"
+        )
+    device = model.output_weight().device
+    free = available_bytes(device)
+    need = kv_cache_bytes(model, batch, longest + max_new_tokens)
+    if free is not None and need > free:
+        fits = largest(lambda n: kv_cache_bytes(model, batch, longest + n) <= free, 1,
+                       max_new_tokens)  # fmt: skip
+        most = f"{option} at most {fits}" if fits else "not one new token fits"
+        raise ValueError(
+            f"{option} {max_new_tokens}: the KV cache of {batch} sequence(s) of {longest} + "
+            f"{max_new_tokens} positions needs {gib(need)} but {device} has {gib(free)} "
+            f"available: {most}"
+        )
 
 
 def _logits(model, hidden: torch.Tensor) -> torch.Tensor:
@@ -80,20 +145,11 @@ def generate(
     """New tokens for each prompt (token id lists, each non-empty): up to max_new_tokens, ending
     early at stop_id (included). on_step(tokens) is called after every step with the token each
     sequence produced (None for a finished one): streaming. seed makes sampling repeatable."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("generate needs at least one prompt, each of at least one token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_generation(model, prompts, max_new_tokens)
     device = model.output_weight().device
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     longest, batch = int(lengths.max()), len(prompts)
     total = longest + max_new_tokens
-    limit = position_limit(model)
-    if limit is not None and int(lengths.max()) + max_new_tokens - 1 > limit:
-        raise ValueError(
-            f"the longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) - 1 "
-            f"exceeds the model's {limit} learned positions (model.max_seq_len)"
-        )
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)

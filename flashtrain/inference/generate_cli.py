@@ -2,35 +2,45 @@
 flashtrain.inference.generate. Only a single prompt streams: its text goes to stdout as the
 tokens come (a multi-byte character once it is complete). Several prompts (different lengths,
 one batch) are printed each on its own line, prompt then continuation, once all are done:
-interleaved pieces of several texts on one stdout would not read as text."""
+interleaved pieces of several texts on one stdout would not read as text.
+
+Everything is checked before the first character is printed (options, device, checkpoint,
+prompts, positions, the KV cache's memory): a refusal is one line on stderr and exit 2, with
+nothing on stdout."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-import torch
-
 from flashtrain.checkpoint import load_model
 from flashtrain.checkpoint.manifest import CheckpointError
-from flashtrain.inference.generate import Sampling, generate
+from flashtrain.inference.cli_args import OneLineParser, default_device, device, integer, number
+from flashtrain.inference.generate import (
+    Sampling,
+    check_generation,
+    generate,
+    position_limit,
+    require_decoder,
+)
 from flashtrain.inference.run_tokenizer import run_config, run_tokenizer
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a checkpoint, a checkpoints folder or a run directory")
     p.add_argument("--prompt", action="append", required=True,
                    help="text to continue; token ids for synthetic data. Repeat for a batch "
                    "(a batch prints each text once all are done; one prompt streams)")  # fmt: skip
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    p.add_argument("--max-new-tokens", type=integer(1), default=64,
+                   help="refused beyond a learned position table or the KV cache's memory")  # fmt: skip
+    p.add_argument("--temperature", type=number(">= 0 (0 = greedy)", lambda t: t >= 0),
+                   default=1.0, help="0 = greedy; a tiny one samples the top tokens")  # fmt: skip
+    p.add_argument("--top-k", type=integer(0, "0 = off"), default=0, help="0 = off")
+    p.add_argument("--top-p", type=number("in (0, 1] (1 = off)", lambda p: 0 < p <= 1),
+                   default=1.0, help="1 = off")  # fmt: skip
     p.add_argument("--seed", type=int, default=None, help="repeatable sampling")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device, default=default_device(), help="cpu, cuda, cuda:N")
     return p
 
 
@@ -62,16 +72,35 @@ class Streamer:
         self._write(self.tokenizer.decode(self.ids))
 
 
+def _beyond_training_note(model, prompts, max_new_tokens: int) -> str | None:
+    """Rotary positions have no table to run out of: past the length the model was trained at
+    they extrapolate, which it never saw (the text usually degrades). Said, not refused."""
+    total = max(map(len, prompts)) + max_new_tokens - 1
+    trained = model.config.max_seq_len
+    if position_limit(model) is None and total > trained:
+        return (
+            f"note: the longest prompt + --max-new-tokens - 1 = {total} positions, beyond the "
+            f"{trained} the model was trained at: its rotary positions extrapolate there (the "
+            "text usually degrades)"
+        )
+    return None
+
+
 def main(argv=None, out=sys.stdout) -> int:
-    args = _parser().parse_args(argv)
-    try:
+    args = _parser().parse_args(argv)  # numbers, sampling options and the device checked here
+    try:  # everything else before the first character is printed
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
         model, info = load_model(args.checkpoint, device=args.device)
-        tokenizer = run_tokenizer(run_config(info).data)
+        require_decoder(model, info.source)
+        tokenizer = run_tokenizer(run_config(info).data, checkpoint=info)
         prompts = [tokenizer.encode(p) for p in args.prompt]
+        check_generation(model, prompts, args.max_new_tokens, option="--max-new-tokens")
     except (ValueError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    note = _beyond_training_note(model, prompts, args.max_new_tokens)
+    if note:
+        print(note, file=sys.stderr)
     stream = Streamer(tokenizer, out) if len(prompts) == 1 else None
     if stream is not None:
         out.write(args.prompt[0])

@@ -24,6 +24,31 @@ from torch import nn
 from flashtrain.attention import flash_attn_with_kvcache
 
 
+def attention_layers(model: nn.Module) -> list[nn.Module]:
+    """The modules of `model` with an `attn_op` (one per attention layer, in module order)."""
+    layers = [
+        m
+        for m in model.modules()  # the model's own attn_op (the shared backend) is no layer
+        if m is not model and isinstance(getattr(m, "attn_op", None), nn.Module)
+    ]
+    if not layers:
+        raise ValueError(
+            f"{type(model).__name__} has no attention layer with an attn_op: the KV cache "
+            "hooks into each layer's attn_op(q, k, v, ctx, dropout_p)"
+        )
+    return layers
+
+
+def kv_cache_bytes(model: nn.Module, batch: int, max_len: int) -> int:
+    """Bytes of a KVCache(batch, max_len) on `model` once every layer has its buffers: layers x
+    2 (k and v) x batch x max_len x K/V heads x head_dim x the weights' element size (the
+    dtype k has without autocast), known before anything is allocated."""
+    cfg = model.config
+    kv_heads = getattr(cfg, "n_kv_head", None) or cfg.n_head  # GQA's, or one per query head
+    element = model.output_weight().element_size()
+    return len(attention_layers(model)) * 2 * batch * max_len * kv_heads * cfg.head_dim * element
+
+
 class _CachedAttention(nn.Module):
     """Stands in for one layer's attn_op while a cache is attached."""
 
@@ -50,16 +75,7 @@ class KVCache:
     def attached(self, model: nn.Module):
         """Inside the block, every module of `model` with an `attn_op` (one per attention layer,
         in module order) attends through this cache."""
-        layers = [
-            m
-            for m in model.modules()  # the model's own attn_op (the shared backend) is no layer
-            if m is not model and isinstance(getattr(m, "attn_op", None), nn.Module)
-        ]
-        if not layers:
-            raise ValueError(
-                f"{type(model).__name__} has no attention layer with an attn_op: the KV cache "
-                "hooks into each layer's attn_op(q, k, v, ctx, dropout_p)"
-            )
+        layers = attention_layers(model)
         originals = [m.attn_op for m in layers]
         self.layers += [None] * (len(layers) - len(self.layers))
         try:

@@ -2,7 +2,7 @@
 corpus's own otherwise). The model itself comes from flashtrain.checkpoint.load_model.
 
     model, info = load_model(CKPT, device="cpu")
-    tokenizer = run_tokenizer(run_config(info).data)
+    tokenizer = run_tokenizer(run_config(info).data, checkpoint=info)  # the one it trained with
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from flashtrain.checkpoint import CheckpointInfo
-from flashtrain.checkpoint.read import CONFIG
+from flashtrain.checkpoint.read import CONFIG, check_tokenizer
 from flashtrain.data.config import CorpusConfig, SyntheticConfig, cache_root
 from flashtrain.data.registry import data_config
 from flashtrain.data.tokenization import build_tokenizer
@@ -69,14 +69,19 @@ class TextTokenizer:
         return self.inner.special_ids
 
 
-def run_tokenizer(data_cfg: Any):
+def run_tokenizer(data_cfg: Any, *, checkpoint: CheckpointInfo | None = None):
     """The tokenizer of a run's data config: integers for synthetic data, the corpus's own
-    (bytes, GPT-2 BPE, WordPiece) otherwise."""
+    (bytes, GPT-2 BPE, WordPiece) otherwise. checkpoint: the loaded checkpoint whose run's
+    data config this is; a tokenizer rebuilt from files that are not the ones its weights were
+    trained with (replaced after training) is refused with a CheckpointError."""
     cfg = data_config(data_cfg)
     if isinstance(cfg, SyntheticConfig):
         return IntegerTokenizer(cfg.vocab_size)
     if isinstance(cfg, CorpusConfig):
-        return TextTokenizer(build_tokenizer(cfg, cache_root(cfg)))
+        tokenizer = build_tokenizer(cfg, cache_root(cfg))
+        if checkpoint is not None and checkpoint.path is not None:
+            check_tokenizer(tokenizer, checkpoint.meta, checkpoint.path, cfg.vocab_size)
+        return TextTokenizer(tokenizer)
     raise ValueError(f"data loader {cfg.loader!r} has no text tokenizer to generate with")
 
 

@@ -59,17 +59,18 @@ def main() -> None:
     from flashtrain.data import prepare_data
     from flashtrain.data.registry import command_line_settings, data_config
     from flashtrain.train.entry import config_errors_explained
-    from flashtrain.typed_config import ConfigError
+    from flashtrain.train.errors import BAD_INPUT_ERRORS, USER_ERRORS, describe
 
-    with config_errors_explained():
-        try:
+    try:  # bad input (a config value, a missing or non-UTF-8 file): one line, exit 2
+        with config_errors_explained():
             cfg = data_config(load_data_config(args.name, args.overrides))
-        except ConfigError as e:
-            sys.exit(f"ConfigError: {e}")
-    # this program guards its top level: worker processes where the config leaves them open
-    cfg = dataclasses.replace(cfg, **command_line_settings(cfg))
-    start = time.perf_counter()
-    summary = prepare_data(cfg, progress=True)
+        # this program guards its top level: worker processes where the config leaves them open
+        cfg = dataclasses.replace(cfg, **command_line_settings(cfg))
+        start = time.perf_counter()
+        summary = prepare_data(cfg, progress=True)
+    except (*USER_ERRORS, *BAD_INPUT_ERRORS) as e:
+        print(describe(e), file=sys.stderr)
+        sys.exit(2)
     print(f"\n{cfg.name}: prepared in {time.perf_counter() - start:.1f} s")
     for key, value in summary.items():
         print(f"  {key}: {value:,}" if isinstance(value, int) else f"  {key}: {value}")

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from flashtrain.models.rotary import RopeScalingConfig, check_rotary_head_dim
+from flashtrain.models.rotary import RopeScalingConfig, check_rotary_base, check_rotary_head_dim
 from flashtrain.typed_config import check_choice
 
 # the LM head's loss implementations (flashtrain.models.loss): auto = fused on CUDA, chunked elsewhere
@@ -82,6 +82,8 @@ class TransformerConfig:
             if not 0.0 <= float(p) < 1.0:
                 raise ValueError(f"model.{key} must be in [0, 1), got {p}")
         check_choice(self.init_positions, POSITION_RESIZE_MODES, "model.init_positions")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"model.layer_norm_eps must be > 0, got {self.layer_norm_eps}")
         if self.pad_vocab_multiple < 1:
             raise ValueError(
                 f"model.pad_vocab_multiple must be >= 1, got {self.pad_vocab_multiple}"
@@ -120,6 +122,7 @@ class GPT2Config(TransformerConfig):
         super().__post_init__()
         check_choice(self.position, ("learned", "rotary"), "model.position")
         check_choice(self.loss_impl, LOSS_IMPLS, "model.loss_impl")
+        check_rotary_base(self.rotary_base, "model.rotary_base")
         if self.position == "rotary" and self.head_dim % 2:
             raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
 
@@ -257,12 +260,17 @@ class LlamaConfig(TransformerConfig):
         check_rotary_head_dim(self.head_dim)
         if self.multiple_of < 1:
             raise ValueError(f"model.multiple_of must be >= 1, got {self.multiple_of}")
+        if self.ffn_dim_multiplier is not None and not self.ffn_dim_multiplier > 0:
+            raise ValueError(
+                f"model.ffn_dim_multiplier must be > 0 or null, got {self.ffn_dim_multiplier}"
+            )
         if swiglu_default:
             self.d_ff = swiglu_hidden_size(self.d_model, self.multiple_of, self.ffn_dim_multiplier)
-        if self.rope_theta <= 1.0:
-            raise ValueError(f"model.rope_theta must be > 1, got {self.rope_theta}")
-        if self.rms_norm_eps <= 0:
+        check_rotary_base(self.rope_theta, "model.rope_theta")
+        if not self.rms_norm_eps > 0:
             raise ValueError(f"model.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if not self.init_std > 0:
+            raise ValueError(f"model.init_std must be > 0, got {self.init_std}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(
                 f"model.sliding_window must be >= 1 (tokens seen, itself included) or null, "

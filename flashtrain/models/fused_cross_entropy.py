@@ -2,7 +2,8 @@
 
 Two torch.library custom ops (so torch.compile sees opaque nodes, no graph break), tied together
 by register_autograd, launch the Triton kernels of flashtrain/kernels/linear_cross_entropy.py
-on CUDA tensors and on CPU tensors under TRITON_INTERPRET=1 (how the tests check the kernels).
+on CUDA tensors and on CPU tensors under TRITON_INTERPRET=1 (how the tests check the kernels),
+except bfloat16 products there (the interpreter's tl.dot gets them wrong: attention/route.py).
 On other CPU runs the chunked PyTorch path, with the same semantics, stands in. The forward saves
 only the per-token log-sum-exp (N,) float32; the backward recomputes the logits from it.
 No host synchronisation: the loss stays a device tensor, the splits depend only on shapes.
@@ -10,19 +11,21 @@ No host synchronisation: the loss stays a device tensor, the splits depend only 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from flashtrain.attention.route import interpreted, interpreter_miscomputes
 from flashtrain.kernels.interpreter_compat import prepare_interpreter
 from flashtrain.models.chunked_cross_entropy import LossOptions, chunked_linear_cross_entropy
 
 FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def runs_triton(device: torch.device) -> bool:
-    """CUDA: the kernels. CPU: the kernels under TRITON_INTERPRET=1, else the chunked path."""
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+def runs_triton(device: torch.device, compute_dtype: torch.dtype) -> bool:
+    """CUDA: the kernels. CPU: the kernels under TRITON_INTERPRET=1 unless their products would
+    be in a dtype the interpreter miscomputes (bfloat16), else the chunked path."""
+    if device.type == "cuda":
+        return True
+    return interpreted() and not interpreter_miscomputes(device, compute_dtype)
 
 
 def _empty(like: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -128,7 +131,8 @@ def fused_linear_cross_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(summed loss float32, argmax hits int64 or None); inputs already validated by
     flashtrain.models.loss.linear_cross_entropy. Differentiable in hidden, weight and bias.
-    chunk_size: the chunks of the chunked path where it stands in (CPU without the interpreter)."""
+    chunk_size: the chunks of the chunked path where it stands in (CPU without the interpreter,
+    or bfloat16 products under it)."""
     dtypes = {"hidden": hidden.dtype, "weight": weight.dtype, "compute": compute_dtype}
     for name, dtype in dtypes.items():
         if dtype not in FUSED_DTYPES:
@@ -136,7 +140,7 @@ def fused_linear_cross_entropy(
                 f"the fused loss takes float16, bfloat16 or float32; {name} dtype is {dtype} "
                 "(impl='chunked' takes float64)"
             )
-    if not runs_triton(hidden.device):
+    if not runs_triton(hidden.device, compute_dtype):
         kwargs = dict(compute_dtype=compute_dtype, opts=opts, with_hits=with_hits)
         return chunked_linear_cross_entropy(
             hidden, weight, targets, bias, chunk_size=chunk_size, **kwargs

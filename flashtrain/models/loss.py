@@ -4,7 +4,8 @@
 implementations with the same semantics, chosen by `impl`:
   "fused"   the Triton kernels (flashtrain/models/fused_cross_entropy.py): logits exist only as
             tiles on chip, the backward recomputes them from the saved log-sum-exp (N,) float32.
-            On a CPU without TRITON_INTERPRET=1 the chunked path stands in.
+            On a CPU without TRITON_INTERPRET=1, and for bfloat16 products under it (the
+            interpreter's tl.dot gets them wrong), the chunked path stands in.
   "chunked" PyTorch in chunks of `chunk_size` tokens (flashtrain/models/chunked_cross_entropy.py),
             the reference: logits of one chunk at a time, gradients computed in the forward.
   "auto"    fused on CUDA, chunked on CPU (the rule behind `model.loss_impl`).

@@ -47,6 +47,9 @@ ROPE_SCALING_PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+YARN_BETA_DEFAULTS = {"beta_fast": 32, "beta_slow": 1}  # rotations, as in the YaRN paper
+
+
 @dataclass
 class RopeScalingConfig:
     """model.rope_scaling: the type and its parameters (null = not set; see the table above)."""
@@ -82,6 +85,7 @@ class RopeScalingConfig:
             )
         if self.factor is not None and not self.factor >= 1.0:
             raise ValueError(f"model.rope_scaling.factor must be >= 1, got {self.factor}")
+        self._check_yarn_ranges()
         if self.original_max_seq_len is not None and self.original_max_seq_len < 1:
             raise ValueError(
                 f"model.rope_scaling.original_max_seq_len must be >= 1, got "
@@ -93,9 +97,47 @@ class RopeScalingConfig:
                 f"{self.low_freq_factor}, {self.high_freq_factor}"
             )
 
+    def _check_yarn_ranges(self) -> None:
+        """transformers' ranges (rope_config_validation), as errors: a negative beta would
+        crash in math.log at the first forward, 0 would be read silently as the default."""
+        for key, default in YARN_BETA_DEFAULTS.items():
+            beta = getattr(self, key)
+            if beta is not None and not beta > 0:
+                raise ValueError(
+                    f"model.rope_scaling.{key} must be > 0 (null: {default}), got {beta}"
+                )
+        fast, slow = self.beta_fast, self.beta_slow
+        if (fast or YARN_BETA_DEFAULTS["beta_fast"]) < (slow or YARN_BETA_DEFAULTS["beta_slow"]):
+            shown = f"model.rope_scaling.beta_fast={fast}"
+            if fast is None:
+                shown = (
+                    f"model.rope_scaling.beta_fast={YARN_BETA_DEFAULTS['beta_fast']} (the default)"
+                )
+            raise ValueError(
+                f"{shown} must be >= model.rope_scaling.beta_slow="
+                f"{slow if slow is not None else YARN_BETA_DEFAULTS['beta_slow']}: the ramp runs "
+                "from the dimensions rotating beta_fast times over the original context down to "
+                "those rotating beta_slow times"
+            )
+        if self.attention_factor is not None and not self.attention_factor > 0:
+            raise ValueError(
+                f"model.rope_scaling.attention_factor must be > 0, got {self.attention_factor}"
+            )
+        for key in ("mscale", "mscale_all_dim"):  # 0 counts as unset, as in transformers
+            value = getattr(self, key)
+            if value is not None and not value >= 0:
+                raise ValueError(f"model.rope_scaling.{key} must be >= 0, got {value}")
+
     @property
     def depends_on_length(self) -> bool:
         return self.type == "dynamic"
+
+
+def check_rotary_base(theta: float, key: str) -> None:
+    """theta ** (-2i / D) must fall with i: a base of 1 turns every pair of dimensions at the
+    same speed, one below 1 reverses their order."""
+    if not theta > 1.0:
+        raise ValueError(f"{key} must be > 1, got {theta}")
 
 
 def check_rotary_head_dim(head_dim: int) -> None:
@@ -126,7 +168,8 @@ def _yarn(theta: float, dim: int, s: RopeScalingConfig, device) -> tuple[torch.T
             )
         else:
             attention_factor = mscale_of(factor)
-    beta_fast, beta_slow = s.beta_fast or 32, s.beta_slow or 1
+    beta_fast = s.beta_fast or YARN_BETA_DEFAULTS["beta_fast"]
+    beta_slow = s.beta_slow or YARN_BETA_DEFAULTS["beta_slow"]
 
     def correction_dim(rotations):  # the dimension whose wavelength fits `rotations` times
         return (dim * math.log(s.original_max_seq_len / (rotations * 2 * math.pi))) / (

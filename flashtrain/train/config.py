@@ -74,6 +74,8 @@ class TrainerConfig:
     resume: str | None = None  # null | auto (newest in ckpt_dir, if any) | <checkpoint or folder>
     allow_schedule_change: bool = False  # resume across an lr schedule change (docs/training.md)
     allow_unverified_checkpoint: bool = False  # resume from a checkpoint without checksums
+    # resume onto other data (corpus, seq_len, ...): the new data's stream starts from its beginning
+    resume_other_data: bool = False
     wait_for_lock: bool = False  # ckpt_dir in use by another run: wait for it (false: refuse)
     on_nonfinite: str = "stop"  # NaN/inf loss: stop (naming the step) | skip (drop the update)
     max_skipped_steps: int = 10  # with skip: stop after this many in a row

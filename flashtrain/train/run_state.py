@@ -15,6 +15,7 @@ import torch
 from flashtrain.checkpoint import read as ckpt
 from flashtrain.checkpoint.write import save_checkpoint
 from flashtrain.collectives import broadcast_object, gather_objects
+from flashtrain.data.stream_identity import OtherDataError
 from flashtrain.train.config import ConfigError, TrainConfig, config_dict, config_yaml
 from flashtrain.train.distributed import DistEnv
 from flashtrain.train.optim import (
@@ -98,6 +99,7 @@ class RunCheckpoints:
             "tokens_seen": state.tokens_seen,
             "model_config": config_dict(self.cfg)["model"],
             "run_name": self.run_name,
+            "tokenizer": ckpt.tokenizer_record(self.data),  # checked when one is rebuilt
         }
         path = save_checkpoint(
             self.root,
@@ -154,10 +156,7 @@ class RunCheckpoints:
         # a checkpoint resumed elsewhere starts a new wandb run.
         same_run = target.resolve().parent == self.root.resolve()
         state.wandb_id = saved.get("wandb_id") if same_run else None
-        try:
-            self.data.load_state_dict(saved["data"][self.env.rank])
-        except ValueError as e:  # the stream cannot continue as this run's data is set up
-            raise ckpt.CheckpointError(f"checkpoint {target}: {e}") from e
+        self._restore_data_position(saved["data"][self.env.rank], target)
         set_rng_state(saved["rng"][self.env.rank])
         state.last_ckpt = target
         log.info("resumed from %s at step %d", target, state.step)
@@ -186,6 +185,29 @@ class RunCheckpoints:
         if error is not None:
             raise error
         return Path(target) if target else None
+
+    def _restore_data_position(self, data_state: dict, target: Path) -> None:
+        """The saved stream position, unless it was saved on other data: then refuse, or with
+        trainer.resume_other_data read this data from its start (a position counted in other
+        windows, documents or samples means nothing here)."""
+        try:
+            self.data.load_state_dict(data_state)
+        except OtherDataError as e:
+            if not self.cfg.trainer.resume_other_data:
+                raise ConfigError(
+                    f"resuming {target} on other data ({e}): its stream position counts in the "
+                    f"data it was saved on. Set the data back to resume exactly, or pass "
+                    f"trainer.resume_other_data=true to keep the weights, optimizer and step and "
+                    f"read this data from its start"
+                ) from e
+            log.warning(
+                "trainer.resume_other_data: the data differs from %s's (%s); its weights, "
+                "optimizer and step are kept and this data is read from its start",
+                target,
+                e,
+            )
+        except ValueError as e:  # the stream cannot continue as this run's data is set up
+            raise ckpt.CheckpointError(f"checkpoint {target}: {e}") from e
 
     def _restore_schedule(self, saved: dict, target: Path) -> None:
         """The saved lr schedule, unless this run's settings give a different one: then refuse,

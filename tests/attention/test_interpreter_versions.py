@@ -19,7 +19,7 @@ from flashtrain.kernels import interpreter_compat
 from flashtrain.kernels.interpreter_compat import installed_versions, interpreter_problem
 
 pytestmark = pytest.mark.single_route
-CPU = torch.device("cpu")
+ON_CPU = torch.empty(0)  # route_for takes an operand: a float32 CPU tensor
 
 
 @pytest.mark.parametrize(
@@ -102,11 +102,11 @@ def test_the_route_backports_the_squeeze(old_triton):
     if interpreter_problem(*installed_versions()) is not None:  # the real numpy is strict
         with pytest.raises(TypeError):
             _index_of_one_element(_triton_3_6_patch_lang_tensor, 5)
-    assert route_for(CPU) == "triton"
+    assert route_for(ON_CPU) == "triton"
     backported = interpreter._patch_lang_tensor
     assert backported.__wrapped__ is _triton_3_6_patch_lang_tensor
     assert _index_of_one_element(backported, 5) == 5
-    route_for(CPU)  # once is enough: a second route wraps nothing more
+    route_for(ON_CPU)  # once is enough: a second route wraps nothing more
     assert interpreter._patch_lang_tensor is backported
 
 
@@ -114,7 +114,7 @@ def test_the_route_refuses_in_one_line_where_no_backport_can_be_made(old_triton,
     monkeypatch.delattr(interpreter, "_patch_lang_tensor")
     line = interpreter_problem("3.6.0", "2.5.0")
     with pytest.raises(RuntimeError) as refused:
-        route_for(CPU)
+        route_for(ON_CPU)
     assert str(refused.value) == line
     q = torch.randn(1, 16, 1, 16)
     with pytest.raises(RuntimeError, match="triton 3.6.0 fails with numpy 2.5.0"):
@@ -126,10 +126,10 @@ def test_the_pytorch_path_needs_no_interpreter(old_triton, monkeypatch, env):
     monkeypatch.delattr(interpreter, "_patch_lang_tensor")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert route_for(CPU) == "torch"
+    assert route_for(ON_CPU) == "torch"
 
 
 def test_fitting_versions_leave_the_interpreter_alone(old_triton, monkeypatch):
     monkeypatch.setattr(interpreter_compat, "installed_versions", lambda: ("3.7.0", "2.5.0"))
-    assert route_for(CPU) == "triton"
+    assert route_for(ON_CPU) == "triton"
     assert interpreter._patch_lang_tensor is _triton_3_6_patch_lang_tensor

@@ -141,6 +141,7 @@ def _assert_variants(lines: list[dict]) -> None:
         assert line["warp_specialized"] == ws and (line["warps"] == 12) == ws, line
 
 
+@pytest.mark.slow  # ~12 s; a variant (not a default launch), also in the whole variants run
 def test_warp_specialized_persistent_forward_compiles(tmp_path):
     """One variant to a cubin (~15 s): the persistent warp-specialized forward at d128."""
     lines = _compile(tmp_path, "--launches", "variants", "--only",

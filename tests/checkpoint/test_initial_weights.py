@@ -436,6 +436,35 @@ def _saved_run(run_dir, *, sharded: bool, dtype=torch.float32, seed: int = 0):
     return {k: v.clone() for k, v in model.state_dict().items()}, step_dir
 
 
+@pytest.mark.parametrize("ref", ["run", "model_optim.pt", "dcp"])
+def test_a_checkpoint_of_another_n_head_over_the_same_shapes_is_refused(ref, tmp_path):
+    """n_head=2 -> 4 at the same d_model: every tensor has the same shape, but each weight
+    would mean something else (as the hf: path and a resume refuse). The trainer's
+    model_optim.pt inside a step folder is checked against that folder's meta.json too."""
+    _, step_dir = _saved_run(tmp_path, sharded=ref == "dcp")
+    source = str(step_dir / MODEL_OPTIM) if ref == "model_optim.pt" else str(tmp_path)
+    model = _meta({**GPT2_CFG, "n_head": 4})
+    with pytest.raises(ValueError) as err:
+        initial_weights(model, source, device="cpu")
+    message = str(err.value)
+    assert message.startswith(f"model.init_from={source}: "), message
+    assert "model.n_head=4 (checkpoint: 2)" in message and "set model.n_head=2" in message
+    # what a new run may change: the context, dropout, how it is computed
+    free = {**GPT2_CFG, "max_seq_len": 24, "dropout": 0.1, "recompute": "all"}
+    initial_weights(_meta(free), source, device="cpu")
+
+
+def test_a_bare_state_dict_is_checked_by_its_shapes_alone(tmp_path):
+    """A torch file outside a checkpoint records no model config: n_head cannot be checked
+    (docs say so), the shapes still are."""
+    state = _random_state(GPT2_CFG, seed=31)
+    path = tmp_path / "weights.pt"
+    torch.save(state, path)
+    model = _meta({**GPT2_CFG, "n_head": 4})
+    initial_weights(model, str(path), device="cpu")
+    _assert_same_tensors(model.state_dict(), state)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("sharded", [False, True], ids=["torch", "dcp"])
 def test_load_model_gives_the_saved_weights_in_float32_eval_mode(sharded, dtype, tmp_path):

@@ -25,16 +25,33 @@ from flashtrain.data.pathfinder.cache import load_or_generate, pathfinder_cache_
 REPO = Path(__file__).resolve().parents[2]
 NUM, SIZE, LENGTH, SEED = 48, 32, 6, 3
 
+# The generating child parks once two chunks are recorded on disk: it writes PARKED and waits
+# there for the test's signal. Interrupting it wherever it happened to be when a (possibly
+# starved) poller looked let it finish first, or be stopped anywhere, on a loaded machine.
+PARKED = "parked"
 GENERATE = textwrap.dedent(
     f"""
     import sys
+    import time
     from pathlib import Path
     import flashtrain.data.pathfinder.cache as pfc
     pfc.CHUNK_SIZE = 2
     pfc.SAVE_EVERY_S = 0.0
-    from flashtrain.data.pathfinder.cache import load_or_generate
-    load_or_generate(Path(sys.argv[1]), {SIZE}, {LENGTH}, {NUM}, {SEED}, num_workers=2,
-                     progress=False)
+    record_progress, parked = pfc._save_progress, []
+
+    def record_then_park(work, arrays, done, *args):
+        record_progress(work, arrays, done, *args)
+        if len(done) >= 2 and not parked:  # once: the save on the way out must not park
+            parked.append(True)
+            marker = Path(sys.argv[1]) / "{PARKED}"
+            marker.with_suffix(".part").write_text(str(sorted(done)))
+            marker.with_suffix(".part").rename(marker)  # whole when the test sees it
+            while True:  # in the parent's store(), with the worker pool running
+                time.sleep(0.01)
+
+    pfc._save_progress = record_then_park
+    pfc.load_or_generate(Path(sys.argv[1]), {SIZE}, {LENGTH}, {NUM}, {SEED}, num_workers=2,
+                         progress=False)
     """
 )
 
@@ -83,16 +100,18 @@ def test_an_interrupted_generation_continues_to_the_same_result(
     )
     directory = pathfinder_cache_dir(tmp_path, SIZE, LENGTH, NUM, SEED)
     work = pfc.work_dir(directory)
-    deadline = time.monotonic() + 120
-    while len(done_chunks(work)) < 2:  # two chunks (of 24) safely on disk: interrupt now
-        assert proc.poll() is None, f"finished before the interrupt: {proc.communicate()}"
-        assert time.monotonic() < deadline, "no progress within 120 s"
+    deadline = time.monotonic() + 300  # generous: a loaded machine may be slow, never wrong
+    while not (tmp_path / PARKED).exists():  # two chunks (of 24) safely on disk, child parked
+        assert proc.poll() is None, f"child exited before parking: {proc.communicate()}"
+        assert time.monotonic() < deadline, "the child did not park within 300 s"
         time.sleep(0.01)
+    assert len(done_chunks(work)) >= 2
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)  # returns once every child closed stderr, too
+    _, err = proc.communicate(timeout=300)  # returns once every child closed stderr, too
 
     assert not directory.exists()
     kept = done_chunks(work)
+    assert kept == json.loads((tmp_path / PARKED).read_text())  # nothing recorded after parking
     assert 2 <= len(kept) < NUM // 2
     if sig == signal.SIGKILL:
         # no cleanup ran (the next run does it), but the workers followed their parent at once

@@ -41,7 +41,8 @@ def test_exported_run_loads_with_from_pretrained(trained, tmp_path):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [
-        "README.md", "config.json", "generation_config.json", "model.safetensors",
+        "README.md", "config.json", "flashtrain_export.json", "generation_config.json",
+        "model.safetensors",
     ]  # fmt: skip
     assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no temporary folder left
     config = json.loads((out / "config.json").read_text())
@@ -169,7 +170,7 @@ def test_refusals(tmp_path, trained, capsys):
     export_checkpoint(trained / "checkpoints", tmp_path / "taken", overwrite=True)
     assert main([str(tmp_path / "absent"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    missing = f"{tmp_path / 'absent'}: no such file or folder (a trainer checkpoint folder"
+    missing = f"checkpoint {tmp_path / 'absent'} does not exist; name a step_NNNNNN folder"
     assert missing in err and "trainer.resume" not in err
     assert (tmp_path / "taken" / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "taken"]

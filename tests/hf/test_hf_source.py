@@ -7,6 +7,7 @@ import hashlib
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from hf_testing import assert_same_state, tiny_gpt2
 
@@ -108,3 +109,49 @@ def test_download_of_a_pytorch_only_repository(tmp_path, monkeypatch):
     model = from_hf(REPO_ID, attention=REF)
     assert sorted(fetched) == ["config.json", "pytorch_model.bin"]
     assert_same_state(to_hf(model).state_dict(), hf.state_dict())
+
+
+def _save_truncated(folder: Path, weights: str) -> Path:
+    """A tiny GPT-2 folder whose weights file (model.safetensors or pytorch_model.bin) lost
+    its second half, as an interrupted download or copy leaves it; returns that file."""
+    hf = tiny_gpt2(seed=5).float()
+    path = folder / weights
+    if weights == "model.safetensors":
+        hf.save_pretrained(folder)
+    else:  # transformers 5 saves no pickles: by hand
+        hf.config.save_pretrained(folder)
+        torch.save(hf.state_dict(), path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_truncated_weights_are_one_clear_error_naming_the_file(weights, tmp_path):
+    """model.init_from=hf:FOLDER and from_hf alike: a ValueError (the trainer's exit 2) that
+    names the file, says it is truncated or damaged and to download it again, not the
+    reader's own SafetensorError or zip error."""
+    path = _save_truncated(tmp_path / "hf", weights)
+    cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=32, vocab_size=61, max_seq_len=40)
+    model = build_model({**cfg, "init_from": f"hf:{tmp_path / 'hf'}"}, REF)
+    for load in (
+        lambda: initial_weights(model, model.config.init_from),
+        lambda: from_hf(str(tmp_path / "hf"), attention=REF),
+    ):
+        with pytest.raises(ValueError) as err:
+            load()
+        message = str(err.value)
+        assert f"{path} is truncated or damaged" in message, message
+        assert "download it again" in message and "\n" not in message, message
+    assert str(err.value).startswith(f"{path}")  # from_hf: the file first
+
+
+def test_a_legacy_pickle_of_an_old_repository_loads(tmp_path):
+    """pytorch_model.bin in torch.save's pre-zip format (old hub repositories) cannot be
+    memory-mapped: it is read whole, not refused as damaged."""
+    hf = tiny_gpt2(seed=6)
+    hf.config.save_pretrained(tmp_path / "old")
+    torch.save(hf.state_dict(), tmp_path / "old" / "pytorch_model.bin",
+               _use_new_zipfile_serialization=False)  # fmt: skip
+    assert_same_state(to_hf(from_hf(str(tmp_path / "old"), attention=REF)).state_dict(),
+                      hf.state_dict())  # fmt: skip

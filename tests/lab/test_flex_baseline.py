@@ -27,7 +27,10 @@ def attention_float64(q, k, v, allowed):
     return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+# full: ~4 s, left out of the normal suite (causal covers the same code and its mask)
+@pytest.mark.parametrize(
+    "causal", [pytest.param(False, marks=pytest.mark.slow), True], ids=["full", "causal"]
+)
 def test_flex_block_mask_from_layout_computes_the_layout_on_cpu(causal):
     layout = sparsity.PATTERNS["local"](SEQLEN, block_size=BLOCK, window_blocks=1)
     gen = torch.Generator().manual_seed(0)

@@ -151,6 +151,7 @@ def test_typos_and_wrong_types_fail_while_hydra_composes(override, match):
     assert re.search(match, str(error.value.__cause__))
 
 
+@pytest.mark.slow  # ~7 s (train.py in a subprocess); the messages are checked in-process above
 def test_a_typo_on_the_command_line_names_the_allowed_keys(tmp_path):
     """train.py adds the schema's keys to Hydra's own message; a user error exits with 2."""
     res = run_train(["data.num_keyz=3"], cwd=tmp_path, timeout=120)

@@ -71,6 +71,11 @@ class PathfinderClassification(SampledDataModule):
                 f"{cfg.name} images are {size}x{size} = {size * size} tokens; set "
                 f"seq_len={size * size} (got {self.seq_len})"
             )
+        self.generated_with = {  # with seq_len (= resolution**2): what the images are
+            "data.contour_length": cfg.contour_length,
+            "data.num_samples": cfg.num_samples,
+            "data.generator_seed": cfg.generator_seed,
+        }
         images, labels = load_or_generate(
             *self.cache_args(cfg), num_workers=self.workers(cfg), progress=self.rank == 0
         )
@@ -105,6 +110,9 @@ class PathfinderClassification(SampledDataModule):
             f"{split}_images": hi - lo for split, (lo, hi) in split_ranges(len(images)).items()
         }
         return summary | {"cache": str(pathfinder_cache_dir(*args))}
+
+    def identity_fields(self) -> dict:
+        return dict(self.generated_with)
 
     def batch(self, split: str, items) -> dict[str, torch.Tensor]:
         rows = self.dataset[split][np.asarray(items).tolist()]
