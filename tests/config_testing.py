@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -16,11 +17,17 @@ def compose(overrides: list[str] | tuple[str, ...] = ()):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    _register_schemas_once()
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides))
+
+
+@functools.cache
+def _register_schemas_once() -> None:
+    """train.py registers once per process too; again costs ~0.06 s a compose, hundreds of them."""
     from flashtrain.train import register_schemas
 
     register_schemas()
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return hydra_compose("train", overrides=list(overrides))
 
 
 def group_options(group: str) -> list[str]:
