@@ -486,12 +486,8 @@ _NOT_THOSE = (
 def tokenizer_record(data) -> dict | None:
     """What meta.json records of the tokenizer the run's data module trained with (its name
     carries a fingerprint of its vocabulary files), or None for data that comes as ids."""
-    for attribute in ("tokenizer", "tok"):  # LM corpora hold it as .tokenizer, MLM as .tok
-        tok = getattr(data, attribute, None)
-        name, ids = getattr(tok, "name", None), getattr(tok, "vocab_size", None)
-        if isinstance(name, str) and isinstance(ids, int):
-            return {"name": name, "vocab_size": ids}
-    return None
+    tok = data.tokenizer
+    return None if tok is None else {"name": tok.name, "vocab_size": tok.vocab_size}
 
 
 def check_tokenizer(tok, meta: dict, checkpoint: Path, data_vocab_size: int | None) -> None:

@@ -68,17 +68,17 @@ class LongDocClassification(SampledDataModule):
         super().__init__(run)
         require(cfg, "data_files", "local .jsonl or .csv files with a text and a label field")
         self.num_classes = cfg.num_classes
-        self.tok = build_tokenizer(cfg, cache_root(cfg))
-        if self.tok.pad_id is None:
-            raise ValueError(f"tokenizer '{self.tok.name}' has no padding token")
-        self.vocab_size = check_vocab_size(cfg, self.tok.vocab_size, self.tok.name)
+        self.tokenizer = build_tokenizer(cfg, cache_root(cfg))
+        if self.tokenizer.pad_id is None:
+            raise ValueError(f"tokenizer '{self.tokenizer.name}' has no padding token")
+        self.vocab_size = check_vocab_size(cfg, self.tokenizer.vocab_size, self.tokenizer.name)
         self.examples, names = {}, cfg.labels
         for split, dataset in zip(("train", "validation"), train_val_splits(cfg)):
             for field in (cfg.text_field, cfg.label_field):
                 if field not in dataset.column_names:
                     raise KeyError(f"records have no '{field}' field (have {dataset.column_names})")
             ids, names = label_ids(dataset[cfg.label_field], names, self.num_classes)
-            docs = self.tok.encode_batch([str(t) for t in dataset[cfg.text_field]])
+            docs = self.tokenizer.encode_batch([str(t) for t in dataset[cfg.text_field]])
             self.examples[split] = cut_examples(
                 docs, ids, self.seq_len, cfg.mode, cfg.max_chunks_per_doc
             )
@@ -103,11 +103,11 @@ class LongDocClassification(SampledDataModule):
             digest.update(len(example).to_bytes(8, "little"))
             digest.update(np.asarray(example, dtype=np.int64).tobytes())
         corpus = f"{len(labels)} examples, sha256 {digest.hexdigest()[:12]}"
-        return {"corpus": corpus, "data.tokenizer": self.tok.name}
+        return {"corpus": corpus, "data.tokenizer": self.tokenizer.name}
 
     def batch(self, split: str, items) -> dict[str, torch.Tensor]:
         tokens, labels = self.examples[split]
-        ids = np.full((len(items), self.seq_len), self.tok.pad_id, dtype=np.int64)
+        ids = np.full((len(items), self.seq_len), self.tokenizer.pad_id, dtype=np.int64)
         mask = np.zeros((len(items), self.seq_len), dtype=np.int64)
         for row, item in enumerate(items.tolist()):
             ids[row, : len(tokens[item])] = tokens[item]

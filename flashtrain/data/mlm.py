@@ -80,14 +80,16 @@ class MaskedLM(SampledDataModule):
         cfg = dataclasses.replace(cfg, **preset)
         if seq_len < 5:
             raise ValueError(f"seq_len must be >= 5 for [CLS] A [SEP] B [SEP], got {seq_len}")
-        self.tok = self.tokenizer(cfg)
-        self.vocab_size = check_vocab_size(cfg, self.tok.vocab_size, self.tok.name)
-        self.splits = open_corpus(cfg, self.tok, eos_policy="none", progress=self.rank == 0)
+        self.tokenizer = self.mlm_tokenizer(cfg)
+        self.vocab_size = check_vocab_size(cfg, self.tokenizer.vocab_size, self.tokenizer.name)
+        self.splits = open_corpus(cfg, self.tokenizer, eos_policy="none", progress=self.rank == 0)
         self.mask_prob = cfg.mask_prob
         self.max_predictions = cfg.max_predictions_per_seq
         self.short_seq_prob = cfg.short_seq_prob
         self.dynamic = cfg.dynamic_masking
-        self.random_ids = np.setdiff1d(np.arange(self.tok.vocab_size), self.tok.special_ids)
+        self.random_ids = np.setdiff1d(
+            np.arange(self.tokenizer.vocab_size), self.tokenizer.special_ids
+        )
         self.pieces = {
             split: document_pieces(tf.doc_starts, seq_len - 3) for split, tf in self.splits.items()
         }
@@ -96,7 +98,7 @@ class MaskedLM(SampledDataModule):
         )
 
     @staticmethod
-    def tokenizer(cfg: MLMConfig):
+    def mlm_tokenizer(cfg: MLMConfig):
         tok = build_tokenizer(cfg, cache_root(cfg))
         if tok.mask_id is None or tok.cls_id is None:
             raise ValueError(
@@ -107,14 +109,14 @@ class MaskedLM(SampledDataModule):
 
     @classmethod
     def prepare(cls, cfg: MLMConfig, *, progress: bool = True) -> dict:
-        tokenizer = cls.tokenizer(cfg)
+        tokenizer = cls.mlm_tokenizer(cfg)
         files = open_corpus(cfg, tokenizer, eos_policy="none", progress=progress)
         return prepared_summary(files, tokenizer)
 
     def identity_fields(self) -> dict:
         return {
             "corpus": token_file_identity(self.splits["train"]),
-            "data.tokenizer": self.tok.name,
+            "data.tokenizer": self.tokenizer.name,
         }
 
     def instance(self, split: str, piece: int, rng: np.random.Generator, shorten: bool):
@@ -125,7 +127,7 @@ class MaskedLM(SampledDataModule):
         piece = self.splits[split].check_ids(self.splits[split].tokens[start : start + length])
         tokens = np.asarray(piece, dtype=np.int64)
         cut = int(rng.integers(1, length))
-        t = self.tok
+        t = self.tokenizer
         ids = np.full(self.seq_len, t.pad_id, dtype=np.int64)
         types = np.zeros(self.seq_len, dtype=np.int64)
         maskable = np.zeros(self.seq_len, dtype=bool)
@@ -146,12 +148,12 @@ class MaskedLM(SampledDataModule):
                 ids[None],
                 maskable[None],
                 rng,
-                mask_id=self.tok.mask_id,
+                mask_id=self.tokenizer.mask_id,
                 random_ids=self.random_ids,
                 mask_prob=self.mask_prob,
                 max_predictions=self.max_predictions,
             )
-            rows.append((corrupted[0], types, ids != self.tok.pad_id, labels[0]))
+            rows.append((corrupted[0], types, ids != self.tokenizer.pad_id, labels[0]))
         ids, types, attention, labels = (torch.from_numpy(np.stack(c)) for c in zip(*rows))
         return {
             "input_ids": ids,

@@ -11,6 +11,7 @@ import torch
 
 from flashtrain.data.sampling import EpochSampler, rank_share
 from flashtrain.data.stream_identity import IDENTITY_KEY, check_same_data
+from flashtrain.data.tokenization import Tokenizer
 
 TASKS = ("lm", "mlm", "classification")
 IGNORE_INDEX = -100  # label value the losses skip
@@ -32,6 +33,8 @@ class DataModule:
     """What the trainer gets from build_data.
 
     task: "lm" | "mlm" | "classification"; vocab_size: int; num_classes: int or None.
+    tokenizer: the Tokenizer its ids come from (flashtrain.data.tokenization), or None for data
+    that comes as ids (synthetic tasks, Pathfinder pixels); checkpoints record its name.
     pads_sequences (a class attribute): batches may hold padding (attention_mask 0), which
     context parallelism cannot attend around.
     train_batches(): endless iterator of batches for this rank, continuing from the current
@@ -57,6 +60,7 @@ class DataModule:
     task: str
     vocab_size: int
     num_classes: int | None = None
+    tokenizer: Tokenizer | None = None
     pads_sequences: bool = False  # batches may hold padding (attention_mask 0)
 
     def __init__(self, run: DataRun):

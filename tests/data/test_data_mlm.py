@@ -76,7 +76,7 @@ def make(cfg, **kw):
 def test_mlm_batches_are_masked_sentence_pairs(mlm_cfg):
     module = make(mlm_cfg)
     tokens = np.asarray(module.splits["train"].tokens, dtype=np.int64)
-    tok = module.tok
+    tok = module.tokenizer
     assert (module.task, module.vocab_size) == ("mlm", 24)  # the vocab.txt lines
     for batch in itertools.islice(module.train_batches(), 5):
         for key in ("input_ids", "token_type_ids", "attention_mask", "labels"):

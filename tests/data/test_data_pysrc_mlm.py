@@ -46,7 +46,7 @@ def make(tmp_path, seed=0, *overrides: str):
 
 def test_batches_are_masked_byte_pairs_with_specials_where_they_belong(tmp_path, sources):
     module = make(tmp_path)
-    assert (module.task, module.vocab_size, module.tok.name) == ("mlm", 260, "byte-utf8-mlm")
+    assert (module.task, module.vocab_size, module.tokenizer.name) == ("mlm", 260, "byte-utf8-mlm")
     files = [text.encode() for text in sources.values()]
     for batch in itertools.islice(module.train_batches(), 6):
         for key in ("input_ids", "token_type_ids", "attention_mask", "labels"):
