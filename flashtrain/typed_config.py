@@ -15,6 +15,7 @@ its schema as `Config`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import types
@@ -56,8 +57,13 @@ def _key(what: str, key: Any) -> str:
     return f"{what}.{key}" if what else str(key)
 
 
-def describe_unknown_key(error: BaseException, what: str = "") -> str | None:
-    """For OmegaConf's "Key 'x' not in 'Schema'" errors: the key and the schema's keys, else None."""
+def describe_unknown_key(
+    error: BaseException, what: str = "", elsewhere: Mapping[str, Iterable[type]] | None = None
+) -> str | None:
+    """For OmegaConf's "Key 'x' not in 'Schema'" errors: the key, the closest allowed keys (did you
+    mean ...?) and the schema's keys, else None. elsewhere: {section: its schemas} of sections the
+    error's schema does not reach (the groups whose schema another key picks: model, data, ...),
+    searched for the same name (a top-level `max_steps` is `trainer.max_steps`)."""
     for err in (error, error.__cause__, error.__context__):
         if not isinstance(err, (ConfigKeyError, ConfigAttributeError)):
             continue
@@ -65,12 +71,37 @@ def describe_unknown_key(error: BaseException, what: str = "") -> str | None:
         if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
             continue
         full_key = _key(what, err.full_key)
-        section = full_key.rpartition(".")[0] or "the config"
+        section, _, name = full_key.rpartition(".")
+        guesses = closest_keys(name, schema, section, elsewhere or {})
+        guess = f" (did you mean {' or '.join(guesses)}?)" if guesses else ""
         return (
-            f"unknown key '{full_key}'; allowed keys of {section} ({schema.__name__}): "
-            f"{', '.join(field_names(schema))}"
+            f"unknown key '{full_key}'{guess}; allowed keys of {section or 'the config'} "
+            f"({schema.__name__}): {', '.join(field_names(schema))}"
         )
     return None
+
+
+def closest_keys(
+    name: str, schema: type, section: str = "", elsewhere: Mapping[str, Iterable[type]] = {}
+) -> list[str]:
+    """Up to three dotted keys a misspelt `name` in `section` (whose schema is `schema`) most
+    likely meant: a close field name of the same schema first, then the same or a close name one
+    level down (a dataclass-typed field's own fields) or in the `elsewhere` sections."""
+    own = difflib.get_close_matches(name, field_names(schema), n=2, cutoff=0.75)
+    guesses = [_key(section, f) for f in own]
+    below: dict[str, set[str]] = {}
+    hints = _field_types(schema)
+    for f in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(hints[f.name]):
+            below.setdefault(_key(section, f.name), set()).update(field_names(hints[f.name]))
+    for where, schemas in elsewhere.items():
+        if where != section:
+            for other in schemas:
+                below.setdefault(where, set()).update(field_names(other))
+    for where, names in below.items():
+        for f in difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.85):
+            guesses.append(_key(where, f))
+    return guesses[:3]
 
 
 NONFINITE = "nonfinite"  # the field metadata key of a float field that may be NaN or +-inf

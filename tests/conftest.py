@@ -18,6 +18,9 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test touches the network (tokenizer downloads)
+# One intra-op thread per test process (xdist runs one per core): the trainer's thread choice
+# (flashtrain/train/cpu_threads.py) keeps an OMP_NUM_THREADS it finds, as _one_cpu_thread does.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

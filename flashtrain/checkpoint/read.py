@@ -478,8 +478,9 @@ def _check_shapes(path: Path, saved: dict, current: dict, meta: dict) -> None:
 
 TOKENIZER = "tokenizer"  # meta.json: {"name": kind + fingerprint of its files, "vocab_size"}
 _NOT_THOSE = (
-    "these are not the vocabulary files its weights were trained with (replaced since?), and "
-    "their ids would mean other text; put the original files back where the run found them"
+    "these are not the vocabulary files its weights were trained with (replaced since, or a "
+    "hub id's tokenizer updated on the hub?), and their ids would mean other text; put the "
+    "original files back where the run found them"
 )
 
 

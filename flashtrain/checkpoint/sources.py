@@ -37,11 +37,10 @@ from flashtrain.checkpoint.read import (
     resolved_on_rank_0,
     torch_load,
 )
+from flashtrain.data.hf_tokenizer import HF_PREFIX
 from flashtrain.hf.mapping import HFRows
 from flashtrain.hf.registry import mapping_for, mapping_for_hf
 from flashtrain.hf.source import open_weights, read_config, resolve_source
-
-HF_PREFIX = "hf:"
 
 # What a run started from saved weights may change besides what a resume may (ROUTE_ONLY_FIELDS:
 # how it computes, the context): dropout, the context extension (rope_scaling, as on the hf:
@@ -75,6 +74,20 @@ def open_source(ref: str | os.PathLike, *, collective: bool = False) -> WeightSo
         f"{ref}: no such file or folder (a trainer checkpoint folder, a torch state-dict file, "
         f"or hf:PATH_OR_ID for a transformers checkpoint)"
     )
+
+
+def check_source(ref: str | os.PathLike, cfg) -> str:
+    """What a dry run checks of model.init_from without reading any weights: that the source is
+    there (an hf: hub id in the cache, or its config.json downloaded; a path that exists) and,
+    for a transformers checkpoint, that it fits the configured model. Returns what was found."""
+    ref = str(ref)
+    if ref.startswith(HF_PREFIX):
+        source = HFSource(ref[len(HF_PREFIX) :], weights=False)
+        source.check_model(cfg)
+        return f"{source.description} ({source.folder})"
+    if not Path(ref).expanduser().exists():
+        open_source(ref)  # its FileNotFoundError says what model.init_from may name
+    return ref
 
 
 class WeightSource:
@@ -224,10 +237,10 @@ class HFSource(WeightSource):
 
     longer_positions = "first"  # a shorter context runs the first positions, as transformers does
 
-    def __init__(self, ref: str):
+    def __init__(self, ref: str, *, weights: bool = True):
         self.ref = ref
         self.description = f"hf:{ref}"
-        self.folder = resolve_source(ref)
+        self.folder = resolve_source(ref, weights=weights)  # weights=False: config.json alone
         self.hf_config = read_config(self.folder)
 
     def model_config(self) -> dict:

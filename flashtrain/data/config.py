@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashtrain.data.tokenization import TOKENIZER_KINDS
+from flashtrain.data.hf_tokenizer import hf_reference, is_hf_tokenizer
+from flashtrain.data.tokenization import TOKENIZER_CHOICES
 from flashtrain.typed_config import check_choice
 
 DEFAULT_CACHE_ROOT = "data_cache"
@@ -76,7 +77,9 @@ class CorpusConfig(CachedDataConfig):
     split_seed: int = 1234
     text_field: str = "text"  # the column with the text (jsonl / parquet / csv)
     sample_by: str = "document"  # .txt files: document (a file) | paragraph | line
-    tokenizer: str = "byte"  # byte | byte_mlm (+ BERT's specials; no files) | gpt2 | wordpiece
+    # byte | byte_mlm (+ BERT's specials; no files) | gpt2 | wordpiece | hf:<folder or hub id>
+    # (a Hugging Face tokenizer; the default under model.init_from=hf:, train/config.py)
+    tokenizer: str = "byte"
     tokenizer_path: str | None = None  # vocabulary folder or file (gpt2 / wordpiece)
     tokenizer_name: str = "bert-base-uncased"  # wordpiece: folder under <cache_dir>/tokenizers/
     lowercase: bool = True  # wordpiece
@@ -86,7 +89,10 @@ class CorpusConfig(CachedDataConfig):
     verify_cache: bool | None = None
 
     def __post_init__(self):
-        check_choice(self.tokenizer, TOKENIZER_KINDS, "data.tokenizer")
+        if is_hf_tokenizer(self.tokenizer):
+            hf_reference(self.tokenizer)  # a bare "hf:" is refused
+        else:
+            check_choice(self.tokenizer, TOKENIZER_CHOICES, "data.tokenizer")
         check_choice(self.sample_by, ("document", "paragraph", "line"), "data.sample_by")
         check_choice(self.source, CORPUS_SOURCES, "data.source")
 

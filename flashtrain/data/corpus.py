@@ -198,7 +198,8 @@ def corpus_cache_dir(cfg: CorpusConfig, tokenizer: Tokenizer, eos_policy: str) -
     """<cache_dir>/tokens/<name>-<tokenizer>-eos_<policy>-<hash of the source spec>."""
     spec = source_spec(cfg, tokenizer, eos_policy)
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
-    slug = f"{cfg.name}-{tokenizer.name}-eos_{eos_policy}-{digest}"
+    # "hf:<fingerprint>" names a folder as "hf-<fingerprint>": no ':' in paths (rsync, scp, PATH)
+    slug = f"{cfg.name}-{tokenizer.name.replace(':', '-')}-eos_{eos_policy}-{digest}"
     return cache_root(cfg) / "tokens" / slug
 
 

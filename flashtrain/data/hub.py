@@ -7,10 +7,15 @@ from the Hugging Face cache when they are there (no network), else downloaded in
 `huggingface_hub.hf_hub_download`. HF_HUB_OFFLINE=1 forbids the download: the function then
 returns None, and the caller raises its own "not found" error saying where to put the files.
 A failed download raises HubDownloadError naming the repository, the file and the cause.
+
+`hf:` references (model.init_from, data.tokenizer) are told apart and fetched here too, one way
+for both: looks_like_hub_id(ref) for a reference that is not a local folder, and
+snapshot_files(repo_id, names, offline) for the cache snapshot holding exactly those files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -37,6 +42,71 @@ def hub_cache_dir() -> Path:
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
     return Path(home).expanduser() / "hub"
+
+
+def looks_like_hub_id(ref: str) -> bool:
+    """Whether `ref` (not a local folder) can be a hub repository id: "name" or "owner/name"."""
+    parts = ref.split("/")
+    return (
+        len(parts) <= 2
+        and all(parts)
+        and not ref.startswith((".", "~"))
+        and all(p.replace("-", "").replace("_", "").replace(".", "").isalnum() for p in parts)
+    )
+
+
+def snapshot_files(repo_id: str, names: list[str], offline: bool) -> Path:
+    """The snapshot folder holding those of `names` the repository has at its top level (exact
+    names, no wildcards: nothing else of the repository is fetched); from the cache only when
+    offline (huggingface_hub's LocalEntryNotFoundError when it is not there)."""
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(
+        repo_id, allow_patterns=names, cache_dir=hub_cache_dir(), local_files_only=offline
+    )
+    return Path(folder)
+
+
+def not_cached_error(
+    what: str, repo_id: str, files: tuple[str, ...], key: str
+) -> FileNotFoundError:
+    """`what` (e.g. "the Hugging Face model 'x'") is not in the cache and HF_HUB_OFFLINE=1 forbids
+    downloading it: one line saying how to fill the cache, or which local folder to name."""
+    return _missing(what, repo_id, files, key, "HF_HUB_OFFLINE=1 forbids downloading it")
+
+
+def _missing(what: str, repo_id: str, files: tuple[str, ...], key: str, why: str):
+    names = "".join(f" {name}" for name in files)
+    return FileNotFoundError(
+        f"{what} is not in the cache {hub_cache_dir()} and {why}; download it where there is "
+        f"network (`hf download {repo_id}{names}`; `huggingface-cli download` with "
+        f"huggingface_hub < 0.34; the same HF_HOME / HF_HUB_CACHE), then run with "
+        f"HF_HUB_OFFLINE=1, or pass a local folder: {key}=hf:/path/to/folder"
+    )
+
+
+@contextlib.contextmanager
+def hub_errors_explained(what: str, repo_id: str, key: str, files: tuple[str, ...] = ()):
+    """Around snapshot_files calls fetching `what` of hub repository `repo_id`: huggingface_hub's
+    errors as one FileNotFoundError line. Not cached, and offline or the hub unreachable: how to
+    fill the cache (`files`: the names to download, all when empty) or the local folder to name
+    instead (`key`=hf:/path/to/folder); any other failure: its first line."""
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        yield
+    except LocalEntryNotFoundError:
+        if hub_offline():
+            raise not_cached_error(what, repo_id, files, key) from None
+        raise _missing(
+            what, repo_id, files, key, "the hub cannot be reached (no network?)"
+        ) from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise FileNotFoundError(
+            f"could not download {what} into {hub_cache_dir()}: {type(e).__name__}: {first}; "
+            f"or pass a local folder: {key}=hf:/path/to/folder"
+        ) from e
 
 
 def _hub_entry(name: str) -> tuple[str, tuple[str, ...]]:

@@ -1,5 +1,7 @@
 """Tokenizers: UTF-8 bytes (no files; `byte` for LMs, `byte_mlm` with BERT's special tokens),
-GPT-2 byte-level BPE and BERT WordPiece (local files).
+GPT-2 byte-level BPE and BERT WordPiece (local files), and any Hugging Face tokenizer folder or
+hub id (`hf:<folder or hub id>`: Llama-3's BPE, Llama-2's and Mistral's SentencePiece; found and
+read by hf_tokenizer.py).
 
 Every tokenizer has a `name` that pins down exactly what produced a token cache (kind plus a
 fingerprint of its vocabulary files); caches record it and refuse to load under another.
@@ -16,7 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from flashtrain.data import hub
+from flashtrain.data import hf_tokenizer, hub
 
 # Special tokens as {attribute: token}: a vocabulary file's ids are looked up by the token
 # (HFTokenizer); a byte vocabulary appends them after the 256 bytes, in this order (ByteTokenizer).
@@ -30,6 +32,7 @@ BYTE_VOCABS = {
     "byte_mlm": ("byte-utf8-mlm", _BERT_SPECIALS),
 }
 TOKENIZER_KINDS = (*BYTE_VOCABS, "gpt2", "wordpiece")
+TOKENIZER_CHOICES = (*TOKENIZER_KINDS, "hf:<folder or hub id>")  # what data.tokenizer may be
 
 # The files tiktoken caches for its "gpt2" encoding are named by the SHA-1 of their URL.
 _TIKTOKEN_GPT2 = {
@@ -43,6 +46,7 @@ class Tokenizer:
 
     name: str
     vocab_size: int
+    bos_id: int | None = None
     eos_id: int | None = None
     pad_id: int | None = None
     cls_id: int | None = None
@@ -56,7 +60,15 @@ class Tokenizer:
 
     @property
     def special_ids(self) -> list[int]:
-        ids = (self.eos_id, self.pad_id, self.cls_id, self.sep_id, self.mask_id, self.unk_id)
+        ids = (
+            self.bos_id,
+            self.eos_id,
+            self.pad_id,
+            self.cls_id,
+            self.sep_id,
+            self.mask_id,
+            self.unk_id,
+        )
         return sorted({i for i in ids if i is not None})
 
 
@@ -104,6 +116,36 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids) -> str:
         return self.backend.decode(list(ids))
+
+
+class HFFolderTokenizer(HFTokenizer):
+    """data.tokenizer=hf:<folder or hub id>: a Hugging Face tokenizer folder's tokenizer, as
+    from_pretrained encodes: with its own special tokens (Llama's post-processor puts
+    <|begin_of_text|> / <s> first; GPT-2's adds none). name = "hf:" + a fingerprint of the
+    folder's tokenizer files' contents (not their path); vocab_size = highest id + 1, added
+    tokens included. Special ids: bos / eos / pad / unk as its tokenizer_config.json names them
+    (None when it names none: Llama has no pad, and none is needed: LM windows are packed)."""
+
+    def __init__(self, ref: str):
+        folder = hf_tokenizer.tokenizer_folder(ref)
+        files = hf_tokenizer.tokenizer_files(folder)
+        backend = hf_tokenizer.read_backend(folder)
+        specials = hf_tokenizer.special_tokens(folder)
+        super().__init__(backend, f"hf:{_fingerprint(list(files))}", specials, files)
+        self.vocab_size = max(backend.get_vocab(with_added_tokens=True).values()) + 1
+        # Documents get their <eos> from the corpus (eos_policy=append), as with gpt2; a
+        # post-processor that appends it too (add_eos_token) would end them in two.
+        probe = backend.encode("a", add_special_tokens=True).ids
+        self._drops_last = self.eos_id is not None and probe[-1:] == [self.eos_id]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        encoded = self.backend.encode_batch(list(texts), add_special_tokens=True)
+        return [e.ids[:-1] if self._drops_last else e.ids for e in encoded]
+
+
+def load_hf_tokenizer(kind: str) -> HFFolderTokenizer:
+    """The tokenizer data.tokenizer=hf:<folder or hub id> names (hf_tokenizer.py finds it)."""
+    return HFFolderTokenizer(hf_tokenizer.hf_reference(kind))
 
 
 def _hf_snapshot_dirs(repo_ids: list[str]) -> list[Path]:
@@ -211,11 +253,16 @@ def load_wordpiece(
 
 
 def build_tokenizer(cfg, cache_root: Path) -> Tokenizer:
-    """The tokenizer a corpus config (data.config.CorpusConfig) names: TOKENIZER_KINDS."""
+    """The tokenizer a corpus config (data.config.CorpusConfig) names: TOKENIZER_KINDS or
+    hf:<folder or hub id>."""
+    if hf_tokenizer.is_hf_tokenizer(cfg.tokenizer):
+        return load_hf_tokenizer(cfg.tokenizer)
     if cfg.tokenizer in BYTE_VOCABS:
         return ByteTokenizer(cfg.tokenizer)
     if cfg.tokenizer == "gpt2":
         return load_gpt2(cfg.tokenizer_path, cache_root)
     if cfg.tokenizer == "wordpiece":
         return load_wordpiece(cfg.tokenizer_path, cache_root, cfg.tokenizer_name, cfg.lowercase)
-    raise ValueError(f"unknown tokenizer '{cfg.tokenizer}'; allowed: {', '.join(TOKENIZER_KINDS)}")
+    raise ValueError(
+        f"unknown tokenizer '{cfg.tokenizer}'; allowed: {', '.join(TOKENIZER_CHOICES)}"
+    )

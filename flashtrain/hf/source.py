@@ -28,18 +28,10 @@ TORCH_BIN = "pytorch_model.bin"
 TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
 
 
-def _looks_like_hub_id(ref: str) -> bool:
-    parts = ref.split("/")
-    return (
-        len(parts) <= 2
-        and all(parts)
-        and not ref.startswith((".", "~"))
-        and all(p.replace("-", "").replace("_", "").replace(".", "").isalnum() for p in parts)
-    )
-
-
-def resolve_source(ref: str) -> Path:
-    """A local folder holding config.json, or the hub snapshot folder of hub id `ref`."""
+def resolve_source(ref: str, *, weights: bool = True) -> Path:
+    """A local folder holding config.json, or the hub snapshot folder of hub id `ref`.
+    weights=False: the config alone (a dry run checks that the source is there and fits the
+    model; it reads no weights, and a hub id downloads config.json only)."""
     path = Path(ref).expanduser()
     if path.is_dir():
         if not (path / CONFIG).is_file():
@@ -48,55 +40,36 @@ def resolve_source(ref: str) -> Path:
                 "(export a flashtrain checkpoint with scripts/export_hf.py)"
             )
         return path
-    if not _looks_like_hub_id(ref):
+    if not hub.looks_like_hub_id(ref):
         raise FileNotFoundError(f"no such folder {path}, and {ref!r} is not a hub model id")
-    return _hub_snapshot(ref)
+    return _hub_snapshot(ref, weights)
 
 
-def _hub_snapshot(repo_id: str) -> Path:
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
+def _hub_snapshot(repo_id: str, weights: bool) -> Path:
     offline = hub.hub_offline()
-    try:
-        folder = _download(repo_id, [CONFIG, SAFETENSORS, SAFETENSORS_INDEX], offline)
-        if not any((folder / n).is_file() for n in (SAFETENSORS, SAFETENSORS_INDEX)):
-            # an older repository: PyTorch pickles only
-            folder = _download(repo_id, [CONFIG, TORCH_BIN, TORCH_BIN_INDEX], offline)
-        for index in (SAFETENSORS_INDEX, TORCH_BIN_INDEX):
-            if (folder / index).is_file():  # sharded: exactly the shards its weight_map names
-                folder = _download(repo_id, [CONFIG, index, *_shard_files(folder / index)], offline)
-                break
-    except LocalEntryNotFoundError:
-        if not offline:
-            raise
-        raise FileNotFoundError(
-            f"the Hugging Face model '{repo_id}' is not in the cache {hub.hub_cache_dir()} and "
-            "HF_HUB_OFFLINE=1 forbids downloading it; download it where there is network "
-            f"(`hf download {repo_id}`; `huggingface-cli download {repo_id}` with "
-            "huggingface_hub < 0.34; the same HF_HOME / HF_HUB_CACHE) or name a local folder: "
-            "model.init_from=hf:/path/to/folder"
-        ) from None
-    except (HfHubHTTPError, OSError, ValueError) as e:
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise FileNotFoundError(
-            f"could not download the Hugging Face model '{repo_id}' into {hub.hub_cache_dir()}: "
-            f"{type(e).__name__}: {first}"
-        ) from e
+    what = f"the Hugging Face model '{repo_id}'"
+    with hub.hub_errors_explained(what, repo_id, "model.init_from"):
+        if weights:
+            folder = _weights_snapshot(repo_id, offline)
+        else:
+            folder = hub.snapshot_files(repo_id, [CONFIG], offline)
     if not (folder / CONFIG).is_file():
-        raise FileNotFoundError(f"the Hugging Face model '{repo_id}' has no {CONFIG}")
+        raise FileNotFoundError(f"{what} has no {CONFIG}")
     return folder
 
 
-def _download(repo_id: str, names: list[str], offline: bool) -> Path:
-    """The snapshot folder holding those of `names` the repository has at its top level (exact
-    names, no wildcards: a repository's other weights, e.g. consolidated.safetensors or onnx/,
-    are never fetched); from the cache only when offline."""
-    from huggingface_hub import snapshot_download
-
-    folder = snapshot_download(
-        repo_id, allow_patterns=names, cache_dir=hub.hub_cache_dir(), local_files_only=offline
-    )
-    return Path(folder)
+def _weights_snapshot(repo_id: str, offline: bool) -> Path:
+    """config.json and the weights the model reads, nothing else of the repository."""
+    folder = hub.snapshot_files(repo_id, [CONFIG, SAFETENSORS, SAFETENSORS_INDEX], offline)
+    if not any((folder / n).is_file() for n in (SAFETENSORS, SAFETENSORS_INDEX)):
+        # an older repository: PyTorch pickles only
+        folder = hub.snapshot_files(repo_id, [CONFIG, TORCH_BIN, TORCH_BIN_INDEX], offline)
+    for index in (SAFETENSORS_INDEX, TORCH_BIN_INDEX):
+        if (folder / index).is_file():  # sharded: exactly the shards its weight_map names
+            return hub.snapshot_files(
+                repo_id, [CONFIG, index, *_shard_files(folder / index)], offline
+            )
+    return folder
 
 
 def _shard_files(index: Path) -> list[str]:

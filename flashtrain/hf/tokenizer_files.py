@@ -1,18 +1,23 @@
 """The run's tokenizer, for an exported folder: Hugging Face tokenizer files, or a note.
 
 GPT-2 BPE and WordPiece runs used a `tokenizers` tokenizer: its tokenizer.json and
-tokenizer_config.json are written (AutoTokenizer.from_pretrained loads them). Byte-level runs
+tokenizer_config.json are written (AutoTokenizer.from_pretrained loads them). A Hugging Face
+tokenizer (data.tokenizer=hf:<folder or hub id>) ships its own files as they are (tokenizer.json,
+tokenizer_config.json, special_tokens_map.json, tokenizer.model), plus a tokenizer.json converted
+from a SentencePiece-only folder so that loading it needs no sentencepiece. Byte-level runs
 (UTF-8 bytes + special ids) and data that comes as ids (synthetic tasks, Pathfinder pixels) have
 no tokenizer files: the folder's README says how their ids are made instead.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from flashtrain.data.hf_tokenizer import TOKENIZER_JSON, is_hf_tokenizer
 from flashtrain.data.tokenization import BYTE_VOCABS, ByteTokenizer, build_tokenizer
 
 FILE_TOKENIZERS = ("gpt2", "wordpiece")
@@ -27,8 +32,10 @@ class TokenizerInfo:
 
 def _special_ids(tok) -> dict:
     ids = {}
-    if tok.eos_id is not None:
+    if tok.eos_id is not None:  # GPT-2's <|endoftext|> is its bos too
         ids.update(bos_token_id=tok.eos_id, eos_token_id=tok.eos_id)
+    if tok.bos_id is not None:
+        ids["bos_token_id"] = tok.bos_id
     if tok.pad_id is not None:
         ids["pad_token_id"] = tok.pad_id
     return ids
@@ -75,6 +82,8 @@ def write_tokenizer(
             f"{specials} ({tok.vocab_size} ids). Decode with "
             "`bytes(i for i in ids if i < 256).decode('utf-8', errors='replace')`.",
         )
+    if is_hf_tokenizer(kind):
+        return _copy_hf_tokenizer(kind, tok, folder)
     from transformers import PreTrainedTokenizerFast
 
     raw = getattr(tok.backend, "_tokenizer", tok.backend)  # BertWordPieceTokenizer wraps one
@@ -93,4 +102,21 @@ def write_tokenizer(
         _special_ids(tok),
         readme=f"Tokenizer: the run's `{kind}` tokenizer ({tok.name}, {tok.vocab_size} ids), as "
         "tokenizer.json: `AutoTokenizer.from_pretrained(this_folder)`.",
+    )
+
+
+def _copy_hf_tokenizer(kind: str, tok, folder: Path) -> TokenizerInfo:
+    """The hf: tokenizer's own files, copied as they are (the ones its fingerprint covers)."""
+    for path in tok.files:
+        shutil.copyfile(path, folder / path.name)
+    if not (folder / TOKENIZER_JSON).is_file():  # converted from tokenizer.model
+        tok.backend.save(str(folder / TOKENIZER_JSON))
+    return TokenizerInfo(
+        kind,
+        _special_ids(tok),
+        # its name, not data.tokenizer: that may be a folder of the training machine
+        readme=f"Tokenizer: the run's Hugging Face tokenizer `{tok.name}` ({tok.vocab_size} "
+        "ids), its own files: `AutoTokenizer.from_pretrained(this_folder)`. "
+        "Training encoded each document as `tokenizer(text)` does (its special tokens, e.g. "
+        f"bos, included) and, with data.eos_policy=append, ended it in eos (id {tok.eos_id}).",
     )

@@ -9,28 +9,21 @@ from collections.abc import Callable
 
 import torch
 
-GIB = 2**30
+from flashtrain.train.host_memory import available_host_bytes
+from flashtrain.train.memory_estimate import gib
 
-
-def gib(n_bytes: float) -> str:
-    return f"{n_bytes / GIB:.1f} GiB"
+__all__ = ["available_bytes", "gib", "largest"]
 
 
 def available_bytes(device: str | torch.device) -> int | None:
-    """Bytes free for new tensors on `device`: CUDA's free memory, or the host's MemAvailable
-    (Linux); None where that cannot be known (then nothing is refused)."""
+    """Bytes free for new tensors on `device`: CUDA's free memory, or the host's
+    (train.host_memory.available_host_bytes: MemAvailable capped by the cgroup limit, the figure
+    training checks too); None where that cannot be known (then nothing is refused)."""
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    if device.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as f:
-            line = next((line for line in f if line.startswith("MemAvailable:")), None)
-    except OSError:
-        return None
-    return None if line is None else int(line.split()[1]) * 1024  # kB
+    return available_host_bytes() if device.type == "cpu" else None
 
 
 def largest(fits: Callable[[int], bool], low: int, high: int) -> int | None:

@@ -71,7 +71,8 @@ class TextTokenizer:
 
 def run_tokenizer(data_cfg: Any, *, checkpoint: CheckpointInfo | None = None):
     """The tokenizer of a run's data config: integers for synthetic data, the corpus's own
-    (bytes, GPT-2 BPE, WordPiece) otherwise. checkpoint: the loaded checkpoint whose run's
+    (bytes, GPT-2 BPE, WordPiece, a Hugging Face hf:<folder or hub id>, which encodes a prompt
+    with its own special tokens, e.g. Llama's bos, and decodes without them) otherwise. checkpoint: the loaded checkpoint whose run's
     data config this is; a tokenizer rebuilt from files that are not the ones its weights were
     trained with (replaced after training) is refused with a CheckpointError."""
     cfg = data_config(data_cfg)

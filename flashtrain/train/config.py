@@ -21,6 +21,7 @@ from flashtrain.data.config import DataConfig
 from flashtrain.data.registry import DATA, data_config
 from flashtrain.models import MODEL_CONFIGS, TransformerConfig, model_config
 from flashtrain.models.attention_layers import AttentionConfig, attention_config
+from flashtrain.train.tokenizer_default import tokenizer_from_init
 from flashtrain.typed_config import ConfigError, check_choice, to_dataclass
 
 STRATEGIES = ("auto", "single", "ddp", "fsdp")  # auto: ddp under torchrun, else single
@@ -84,6 +85,9 @@ class TrainerConfig:
     peak_flops: float | None = None  # device peak FLOP/s for MFU; null = look it up / estimate
     allow_slow_cpu: bool = False  # run on a CPU even when a step is estimated to take very long
     cpu_step_time_limit_s: float = 120.0  # refuse CPU runs estimated slower per step than this
+    # CPU runs' intra-op threads; null = chosen from the free cores and the model's matmul size
+    # (flashtrain/train/cpu_threads.py; an OMP_NUM_THREADS in the environment is kept)
+    cpu_threads: int | None = None
     dist_timeout_s: int = 1800
     deterministic: bool = False  # torch.use_deterministic_algorithms(True)
     # Context parallelism: ranks that split each sequence (ring attention); data-parallel over
@@ -116,6 +120,8 @@ class TrainerConfig:
         )
         if self.eval_batches is not None:
             _at_least(self, 1, "trainer", "eval_batches")
+        if self.cpu_threads is not None:
+            _at_least(self, 1, "trainer", "cpu_threads")
 
 
 @dataclass
@@ -153,7 +159,7 @@ class OptimConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "wandb"  # wandb | none (metrics still go to trainer.metrics_file)
+    name: str = "wandb"  # wandb | tensorboard | none (metrics still go to trainer.metrics_file)
     project: str = "flashtrain"
     entity: str | None = None
     mode: str | None = None  # online | offline | disabled; null = $WANDB_MODE, else offline
@@ -161,10 +167,10 @@ class LoggerConfig:
     group: str | None = None
     tags: list[str] = field(default_factory=list)
     notes: str | None = None
-    dir: str | None = None  # null = the run dir
+    dir: str | None = None  # null = the run dir (wandb), <run dir>/tensorboard (tensorboard)
 
     def __post_init__(self):
-        check_choice(self.name, ("wandb", "none"), "logger.name")
+        check_choice(self.name, ("wandb", "tensorboard", "none"), "logger.name")
         if self.mode is not None:
             check_choice(self.mode, ("online", "offline", "disabled"), "logger.mode")
 
@@ -262,9 +268,12 @@ def check_task(model: TransformerConfig, data: DataConfig) -> None:
 
 def validate_config(cfg: Any) -> TrainConfig:
     """The composed config (a DictConfig; Hydra's own `hydra` node is dropped) as a checked
-    TrainConfig. Raises ConfigError naming what is wrong and what is allowed."""
+    TrainConfig, with tokenizer_from_init's default. Raises ConfigError naming what is wrong
+    and what is allowed."""
     if isinstance(cfg, DictConfig) and "hydra" in cfg:
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    if isinstance(cfg, DictConfig):
+        cfg = tokenizer_from_init(cfg)
     return to_dataclass(TrainConfig, cfg, what="")
 
 
@@ -282,13 +291,16 @@ class BatchPlan:
     """How one optimizer step's global batch is split over ranks and micro-batches.
 
     With context parallelism each sequence is split over context_parallel ranks, so the batch is
-    split over world_size / context_parallel data-parallel groups only."""
+    split over world_size / context_parallel data-parallel groups only. micro_batch_size is the
+    one used; requested_micro_batch_size the config's (larger when it does not divide a rank's
+    share of the batch: batch_plan)."""
 
     seq_len: int
     micro_batch_size: int
     world_size: int
     grad_accum: int
     context_parallel: int = 1
+    requested_micro_batch_size: int | None = None  # None: the one used
 
     @property
     def data_parallel(self) -> int:
@@ -302,18 +314,32 @@ class BatchPlan:
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
 
+    @property
+    def micro_batch_reduced(self) -> bool:
+        requested = self.requested_micro_batch_size
+        return requested is not None and requested != self.micro_batch_size
+
     def split(self) -> str:
         """How a step's sequences are split, for the run's summary."""
         if self.context_parallel == 1:
             ranks = f"{self.world_size} ranks"
         else:
             ranks = f"{self.data_parallel} data-parallel groups of {self.context_parallel} ranks"
-        return f"micro {self.micro_batch_size} x {ranks} x {self.grad_accum} accumulation"
+        micro = f"micro {self.micro_batch_size}"
+        if self.micro_batch_reduced:
+            micro += f" (micro_batch_size={self.requested_micro_batch_size} does not divide it)"
+        return f"{micro} x {ranks} x {self.grad_accum} accumulation"
 
 
 def batch_plan(cfg: TrainConfig, world_size: int, context_parallel: int = 1) -> BatchPlan:
     """Gradient accumulation steps from the global batch (sequences or tokens), the world size
-    and the context-parallel size (which must divide it)."""
+    and the context-parallel size (which must divide it).
+
+    micro_batch_size is an upper bound: each rank's share of the global batch is cut into the
+    largest micro-batches up to it that divide the share evenly. The step's gradient is the
+    token-weighted mean over the whole global batch however it is cut (trainer.py), so a preset
+    runs unchanged on any number of ranks that divides its global batch (cpu/tiny's 8 sequences
+    on 2 ranks: micro 4 each, not 8)."""
     check_context_parallel(context_parallel, world_size)
     data_parallel = world_size // context_parallel
     seq_len, mbs = cfg.seq_len, cfg.micro_batch_size
@@ -331,19 +357,20 @@ def batch_plan(cfg: TrainConfig, world_size: int, context_parallel: int = 1) -> 
                 f"(seq_len={seq_len} gives {from_tokens} sequences); set only one of them"
             )
         gbs = from_tokens
-    per_pass = mbs * data_parallel
     if gbs is None:
-        gbs = per_pass
-    if gbs <= 0 or gbs % per_pass:
-        lower = max(per_pass, gbs // per_pass * per_pass)
+        gbs = mbs * data_parallel
+    if gbs <= 0 or gbs % data_parallel:
         ranks = f"world_size={world_size}"
         if context_parallel > 1:
             ranks = f"{data_parallel} data-parallel groups (world_size / context_parallel)"
+        fits = max(data_parallel, gbs // data_parallel * data_parallel)
         raise ConfigError(
-            f"the global batch of {gbs} sequences is not a multiple of micro_batch_size={mbs} x "
-            f"{ranks} = {per_pass}; use global_batch_size={lower} or change micro_batch_size"
+            f"the global batch of {gbs} sequences does not split evenly over {ranks}; use "
+            f"global_batch_size={fits} (a multiple of {data_parallel}) or another number of ranks"
         )
-    return BatchPlan(seq_len, mbs, world_size, gbs // per_pass, context_parallel)
+    per_rank = gbs // data_parallel
+    micro = max(d for d in range(1, min(mbs, per_rank) + 1) if per_rank % d == 0)
+    return BatchPlan(seq_len, micro, world_size, per_rank // micro, context_parallel, mbs)
 
 
 def check_context_parallel(context_parallel: int, world_size: int) -> None:

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import difflib
+import logging
 import os
+import re
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -20,7 +24,12 @@ from typing import Any
 
 from flashtrain.checkpoint.manifest import NoSpaceError
 from flashtrain.train.errors import USER_ERRORS, describe
-from flashtrain.train.faults import NonFiniteLossError, Preempted
+from flashtrain.train.faults import (
+    NonFiniteLossError,
+    Preempted,
+    is_out_of_memory,
+    oom_advice,
+)
 from flashtrain.train.trainer import Trainer, ensure_logging, log
 from flashtrain.typed_config import describe_unknown_key
 
@@ -38,9 +47,12 @@ def main(cfg: Any) -> None:
     """Entry point for train.py: run, and turn expected failures into a message and exit code."""
     _give_hydra_error_reporting_back()
     try:
-        run(with_command_line_settings(cfg))
+        summary = run(with_command_line_settings(cfg))
+        if summary.get("dry_run"):
+            remove_unused_run_folder()
     except USER_ERRORS as e:
         _report_user_error(e)
+        remove_unused_run_folder()
         raise SystemExit(EXIT_USER_ERROR) from None
     except NonFiniteLossError as e:
         _report_user_error(e)
@@ -60,6 +72,9 @@ def main(cfg: Any) -> None:
     except Preempted as e:
         _report_preempted(e)
         raise SystemExit(EXIT_PREEMPTED) from None
+    except Exception as e:
+        _write_crash_to_log_files(e)
+        raise  # Hydra prints the traceback on the console and exits 1
 
 
 def with_command_line_settings(cfg: Any) -> Any:
@@ -116,8 +131,78 @@ def run(cfg: Any, run_dir: str | os.PathLike | None = None) -> dict[str, Any]:
         summary = trainer.fit()
         ok = True
         return summary
+    except Exception as e:
+        if is_out_of_memory(e):  # what would fit, before the traceback
+            log.error("%s", oom_advice(trainer.cfg, trainer.env.device, e))
+        raise
     finally:
         trainer.close(clean=ok)
+
+
+# ---- what a run leaves behind ----------------------------------------------------------------
+
+# What Hydra puts in a run folder before the run starts: its config copies and the log file.
+HYDRA_FILES = frozenset({".hydra", "train.log"})
+DATE_FOLDER = re.compile(r"\d{4}-\d{2}-\d{2}")  # outputs/<date>/<time>: configs/train.yaml
+
+
+def remove_unused_run_folder(run_dir: Path | None = None) -> bool:
+    """After a refused run or a dry run: remove the run folder Hydra made for it when it holds
+    nothing but Hydra's own files and empty folders (a refused run's checkpoint folder), so that
+    outputs/ lists runs that trained. Everything such a run had to say is on the console. Rank 0
+    only (the only rank with a folder), never a folder with anything of a run's in it (a resumed
+    run's checkpoints, metrics.jsonl). Returns whether it removed it."""
+    if os.environ.get("RANK", "0") != "0":
+        return False
+    if run_dir is None:
+        if _hydra_config() is None:  # run() called from Python: its caller chose the folder
+            return False
+        run_dir = Path(_hydra_config().runtime.output_dir)
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not _holds_only_hydra_files(run_dir):
+        return False
+    _close_log_files_in(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if DATE_FOLDER.fullmatch(run_dir.parent.name):
+        with contextlib.suppress(OSError):  # outputs/<date>/ when this was its only run
+            run_dir.parent.rmdir()
+    return not run_dir.exists()
+
+
+def _holds_only_hydra_files(folder: Path) -> bool:
+    for entry in folder.iterdir():
+        if entry.name in HYDRA_FILES:
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            return False
+        if any(p.is_symlink() or not p.is_dir() for p in entry.rglob("*")):
+            return False
+    return True
+
+
+def _file_handlers() -> list[logging.FileHandler]:
+    loggers = (logging.getLogger(), log)
+    return [h for lg in loggers for h in lg.handlers if isinstance(h, logging.FileHandler)]
+
+
+def _close_log_files_in(folder: Path) -> None:
+    for handler in _file_handlers():
+        if Path(handler.baseFilename).is_relative_to(folder.absolute()):
+            for lg in (logging.getLogger(), log):
+                lg.removeHandler(handler)
+            handler.close()
+
+
+def _write_crash_to_log_files(error: BaseException) -> None:
+    """A crash's traceback into the run's log file (train.log) too: Hydra prints it only on the
+    console, and a job's log is what is read after it died."""
+    record = log.makeRecord(
+        log.name, logging.ERROR, __file__, 0, "crashed: %s", (describe(error),),
+        (type(error), error, error.__traceback__),
+    )  # fmt: skip
+    for handler in _file_handlers():
+        with contextlib.suppress(Exception):  # the log must not hide the crash it reports
+            handler.handle(record)
 
 
 # ---- Hydra ----------------------------------------------------------------------------------
@@ -175,13 +260,40 @@ def config_errors_explained():
     except USER_ERRORS as e:
         if user_wants_traceback:
             traceback.print_exception(e)
-        lines = [str(e)]
-        if e.__cause__ is not None and isinstance(e.__cause__, USER_ERRORS):
-            lines.append(str(e.__cause__))
-        hint = describe_unknown_key(e)
-        if hint:
-            lines.append(hint)
-        print("\n".join(lines), file=sys.stderr)
+        print(composition_error_message(e), file=sys.stderr)
         raise SystemExit(EXIT_USER_ERROR) from None
     finally:
         _give_hydra_error_reporting_back()
+
+
+def composition_error_message(error: BaseException) -> str:
+    """What a config that Hydra could not compose is reported with: ours first (the unknown key
+    and the keys it most likely meant, or the group option and the closest options), then
+    Hydra's own message where it adds something (the options it lists). Hydra's advice to
+    append a new key with `+key=value` is dropped: a typed schema refuses any new key anyway."""
+    from flashtrain.train.config_store import SCHEMA_GROUPS
+
+    sections = {group: list(schemas.values()) for group, schemas in SCHEMA_GROUPS.items()}
+    hint = describe_unknown_key(error, elsewhere=sections)
+    if hint:
+        return hint
+    lines = [str(error)]
+    if error.__cause__ is not None and isinstance(error.__cause__, USER_ERRORS):
+        lines.append(str(error.__cause__))
+    option = describe_unknown_option(error)
+    return "\n".join(([option] if option else []) + lines)
+
+
+def describe_unknown_option(error: BaseException) -> str | None:
+    """For `model=gpt3` (Hydra's MissingConfigException): the closest options of the group."""
+    from hydra.errors import MissingConfigException
+
+    if not isinstance(error, MissingConfigException) or not error.missing_cfg_file:
+        return None
+    group, _, name = str(error.missing_cfg_file).rpartition("/")
+    options = list(error.options or ())
+    if not group or not options:
+        return None
+    close = difflib.get_close_matches(name, options, n=3, cutoff=0.6)
+    guess = f" (did you mean {' or '.join(group + '=' + c for c in close)}?)" if close else ""
+    return f"unknown option {group}={name}{guess}"

@@ -12,6 +12,7 @@ import torch
 
 from flashtrain.collectives import all_reduce_sum
 from flashtrain.train.distributed import DistEnv
+from flashtrain.train.metric_names import EVAL_ACCURACY, EVAL_LOSS, EVAL_PPL
 from flashtrain.train.prefetch import to_device
 
 
@@ -63,9 +64,9 @@ def evaluate_model(
     metrics: dict[str, float] = {}
     if total > 0:
         loss = float(sums[0]) / total
-        metrics["eval/loss"] = loss
+        metrics[EVAL_LOSS] = loss
         if data.task in ("lm", "mlm"):
-            metrics["eval/ppl"] = math.exp(min(loss, 50.0))
+            metrics[EVAL_PPL] = math.exp(min(loss, 50.0))
         if has_correct or data.task == "classification":
-            metrics["eval/accuracy"] = float(sums[2]) / total
+            metrics[EVAL_ACCURACY] = float(sums[2]) / total
     return metrics

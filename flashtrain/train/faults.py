@@ -75,9 +75,18 @@ class PreemptionHandler:
         self.uninstall()
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the host's: Python's MemoryError, or torch's CPU allocator
+    failing (a RuntimeError "DefaultCPUAllocator: can't allocate memory")."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+
+
 def oom_advice(cfg: Any, device: torch.device, exc: BaseException | None = None) -> str:
-    """What to print on CUDA out-of-memory: the allocator summary and overrides that help."""
-    lines = ["CUDA out of memory" + (f": {str(exc).splitlines()[0]}" if exc else "")]
+    """What to print on out-of-memory: the allocator summary (CUDA) and overrides that help."""
+    what = "CUDA out of memory" if device.type == "cuda" else "out of host memory"
+    lines = [what + (f": {str(exc).splitlines()[0]}" if exc else "")]
     if device.type == "cuda" and torch.cuda.is_available():
         try:
             lines.append(torch.cuda.memory_summary(device, abbreviated=True))
@@ -91,7 +100,7 @@ def oom_advice(cfg: Any, device: torch.device, exc: BaseException | None = None)
         hints.append(
             f"micro_batch_size={max(1, mbs // 2)}  (gradient accumulation keeps the global batch)"
         )
-    if cfg.trainer.strategy != "fsdp":
+    if cfg.trainer.strategy != "fsdp" and device.type == "cuda":  # ranks on a host share it
         hints.append("trainer.strategy=fsdp  (shard parameters, gradients and optimizer state)")
     if cfg.trainer.precision in ("fp32",):
         hints.append("trainer.precision=bf16")

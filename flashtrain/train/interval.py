@@ -3,6 +3,8 @@ and accuracy over every target seen (MLM, classification)."""
 
 from __future__ import annotations
 
+from flashtrain.train.metric_names import TRAIN_ACCURACY, TRAIN_GRAD_NORM, TRAIN_LOSS, TRAIN_LR
+
 
 class IntervalStats:
     def __init__(self) -> None:
@@ -26,15 +28,15 @@ class IntervalStats:
         self.targets += targets
 
     def flush(self) -> dict[str, float]:
-        """{loss, lr, grad_norm} when an update was made, {accuracy} when targets were scored;
-        then starts the next interval."""
+        """{train/loss, train/lr, train/grad_norm} when an update was made, {train/accuracy} when
+        targets were scored; then starts the next interval."""
         metrics: dict[str, float] = {}
         self.flushed_updates = self.updates
         if self.updates:
-            metrics["loss"] = self.loss_sum / self.updates
-            metrics["lr"] = self.lr
-            metrics["grad_norm"] = self.grad_norm
+            metrics[TRAIN_LOSS] = self.loss_sum / self.updates
+            metrics[TRAIN_LR] = self.lr
+            metrics[TRAIN_GRAD_NORM] = self.grad_norm
         if self.targets:
-            metrics["accuracy"] = self.correct / self.targets
+            metrics[TRAIN_ACCURACY] = self.correct / self.targets
         self._reset()
         return metrics

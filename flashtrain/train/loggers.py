@@ -1,9 +1,11 @@
-"""Metric sinks, used on rank 0 only: a JSON-lines file in the run directory and wandb.
+"""Metric sinks, used on rank 0 only: a JSON-lines file in the run directory, wandb, TensorBoard.
+Every sink gets the same names (flashtrain/train/metric_names.py).
 
 `logger=wandb` runs the real wandb library: offline by default (nothing needs a login or the
 network; `wandb sync <run>/wandb/offline-run-*` uploads later), `logger.mode=online|disabled`, and
-the WANDB_MODE environment variable, when set, is the default mode. `logger=none` keeps only the
-JSON-lines file.
+the WANDB_MODE environment variable, when set, is the default mode. `logger=tensorboard` writes
+TensorBoard event files to <run dir>/tensorboard/ (or logger.dir): `tensorboard --logdir <it>`.
+`logger=none` keeps only the JSON-lines file.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from flashtrain.typed_config import ConfigError
+
 log = logging.getLogger("flashtrain")
+
+TENSORBOARD_DIR = "tensorboard"  # in the run dir, unless logger.dir names another folder
 
 
 class MetricSink:
@@ -27,7 +33,8 @@ class MetricSink:
 
 
 class JsonlSink(MetricSink):
-    """One JSON object per line: {"step": N, "loss": ..., ...}; appended, flushed each time."""
+    """One JSON object per line: {"step": N, "train/loss": ..., ...}; appended, flushed each
+    time."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -84,6 +91,33 @@ class WandbSink(MetricSink):
         self.run.finish()
 
 
+class TensorBoardSink(MetricSink):
+    """Real TensorBoard event files (torch.utils.tensorboard), one scalar series per metric name,
+    flushed at each log call so that a running `tensorboard --logdir` sees every interval."""
+
+    def __init__(self, log_dir: str | os.PathLike, *, resumed_from: int = 0):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # torch's module imports the tensorboard package
+            raise ConfigError(
+                "logger=tensorboard needs the tensorboard package: pip install tensorboard "
+                "(or logger=none: metrics.jsonl alone)"
+            ) from None
+        self.dir = Path(log_dir)
+        # A resumed run logs again the steps after its checkpoint: purge_step hides what the
+        # interrupted run had written past the checkpoint, as metrics.jsonl's readers do.
+        purge_step = resumed_from + 1 if resumed_from else None
+        self.writer = SummaryWriter(str(self.dir), purge_step=purge_step)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, float(value), global_step=int(step))
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
 class Loggers(MetricSink):
     """All sinks of this process (none on ranks other than 0)."""
 
@@ -115,7 +149,9 @@ def build_loggers(
     config: dict,
     is_main: bool,
     resume_id: str | None = None,
+    resumed_from: int = 0,
 ) -> Loggers:
+    """resumed_from: the checkpoint step a resumed run continues from (0: a fresh run)."""
     if not is_main:
         return Loggers()
     sinks: list[MetricSink] = []
@@ -127,4 +163,7 @@ def build_loggers(
                 cfg.logger, run_dir=run_dir, run_name=run_name, config=config, resume_id=resume_id
             )
         )
+    elif cfg.logger.name == "tensorboard":
+        log_dir = Path(cfg.logger.dir) if cfg.logger.dir else run_dir / TENSORBOARD_DIR
+        sinks.append(TensorBoardSink(log_dir, resumed_from=resumed_from))
     return Loggers(sinks)

@@ -5,8 +5,10 @@ device) / (the device's peak FLOP/s). The peak comes from `trainer.peak_flops` w
 the table below (dense tensor-core numbers from the vendors' data sheets, no sparsity), else, on a
 CPU, from an estimate: threads x clock x FLOPs per cycle of the widest FMA units in /proc/cpuinfo.
 
-Metric names follow torchtitan: `loss`, `lr`, `grad_norm`, `tokens_per_s`, `mfu` (percent),
-`step_time_s`, `memory/max_reserved_gib` (CUDA; `memory/max_rss_gib` on CPU).
+The names (flashtrain/train/metric_names.py) are the same on the console, in metrics.jsonl, wandb
+and TensorBoard: `perf/tokens_per_s` (all ranks), `perf/tokens_per_s_per_device`,
+`perf/step_time_s`, `perf/mfu` (percent), `memory/max_reserved_gib` and `memory/max_allocated_gib`
+(CUDA; `memory/max_rss_gib` on CPU).
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from flashtrain.train.metric_names import (
+    MAX_ALLOCATED_GIB,
+    MAX_RESERVED_GIB,
+    MAX_RSS_GIB,
+    MFU,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_DEVICE,
+)
 
 # (substring of torch.cuda.get_device_name(), peak bf16/fp16 FLOP/s, peak TF32 FLOP/s).
 # First match wins, so more specific names come first.
@@ -135,10 +147,12 @@ def device_peak_flops(
 
 
 def measure_matmul_flops(
-    device: torch.device, size: int = 512, repeats: int = 4, trials: int = 3
+    device: torch.device, size: int = 512, repeats: int = 2, trials: int = 8
 ) -> float:
-    """FLOP/s this device reaches on a float32 matmul (best of a few short trials): a sustained-
-    speed yardstick for the CPU time estimate, not the theoretical peak."""
+    """FLOP/s this device reaches on a float32 matmul (best of several short trials): a
+    sustained-speed yardstick for the CPU time estimate, not the theoretical peak. Many short
+    trials rather than a few long ones: on a machine shared with other work the best of them is
+    the speed between interruptions, so the estimate varies less from run to run."""
     # its own generator: measuring must not move the run's seeded stream (initial weights)
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(size, size, device=device, generator=gen)
@@ -165,24 +179,30 @@ def memory_metrics(device: torch.device) -> dict[str, float]:
     gib = 1024**3
     if device.type == "cuda":
         return {
-            "memory/max_reserved_gib": torch.cuda.max_memory_reserved(device) / gib,
-            "memory/max_allocated_gib": torch.cuda.max_memory_allocated(device) / gib,
+            MAX_RESERVED_GIB: torch.cuda.max_memory_reserved(device) / gib,
+            MAX_ALLOCATED_GIB: torch.cuda.max_memory_allocated(device) / gib,
         }
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     scale = 1 if sys.platform == "darwin" else 1024
-    return {"memory/max_rss_gib": rss * scale / gib}
+    return {MAX_RSS_GIB: rss * scale / gib}
 
 
 def peak_memory_gib(metrics: dict[str, float]) -> float | None:
-    for key in ("memory/max_reserved_gib", "memory/max_rss_gib"):
+    for key in (MAX_RESERVED_GIB, MAX_RSS_GIB):
         if key in metrics:
             return metrics[key]
     return None
 
 
 class Throughput:
-    """Accumulates step times and tokens between log intervals; the ETA comes from the recent
-    average step time."""
+    """Accumulates step times and tokens between log intervals, and a smoothed step time for the
+    ETA (see eta_seconds)."""
+
+    # The ETA's memory, in steps: an interval's weight halves after this many later steps. Long
+    # enough that one slow interval (another job on the machine, a checkpoint) barely moves the
+    # ETA (10 steps 10x slower: ~1.6x, not 10x), short enough to follow a lasting change of
+    # speed within a few hundred steps.
+    ETA_HALF_LIFE_STEPS = 100
 
     def __init__(self, flops_per_token: float, peak: PeakFlops, world_size: int):
         self.flops_per_token = flops_per_token
@@ -191,7 +211,9 @@ class Throughput:
         self._time = 0.0
         self._tokens = 0
         self._steps = 0
-        self.avg_step_time: float | None = None
+        self._warmup: tuple[float, int] | None = None  # (seconds, steps) of the first interval
+        self._eta_time = 0.0  # decayed sums over the intervals after the first
+        self._eta_steps = 0.0
 
     def add(self, step_time: float, tokens: int) -> None:
         self._time += step_time
@@ -205,22 +227,40 @@ class Throughput:
         step_time = self._time / self._steps
         tps = self._tokens / max(self._time, 1e-9)
         per_device = tps / self.world_size
-        out = {
-            "tokens_per_s": tps,
-            "tokens_per_s_per_device": per_device,
-            "step_time_s": step_time,
-        }
+        out = {TOKENS_PER_S: tps, TOKENS_PER_S_PER_DEVICE: per_device, STEP_TIME_S: step_time}
         mfu = mfu_percent(self.flops_per_token, per_device, self.peak.flops)
         if mfu is not None:
-            out["mfu"] = mfu
-        self.avg_step_time = step_time
+            out[MFU] = mfu
+        self._add_to_eta(self._time, self._steps)
         self._time, self._tokens, self._steps = 0.0, 0, 0
         return out
 
+    def _add_to_eta(self, seconds: float, steps: int) -> None:
+        # The first interval holds the first steps (compile, allocator and cache warm-up, often
+        # many times slower than the rest): it stands in only until a second interval arrives.
+        if self._warmup is None:
+            self._warmup = (seconds, steps)
+            return
+        keep = 0.5 ** (steps / self.ETA_HALF_LIFE_STEPS)
+        self._eta_time = keep * self._eta_time + seconds
+        self._eta_steps = keep * self._eta_steps + steps
+
+    def smoothed_step_time(self) -> float | None:
+        """Seconds per step: an exponentially weighted mean over the steps since the first
+        interval, each step weighted alike. While the run is young (steps << half-life) this is
+        the plain mean over every step so far; later the recent ~100 steps dominate."""
+        if self._eta_steps > 0:
+            return self._eta_time / self._eta_steps
+        if self._warmup is not None:
+            seconds, steps = self._warmup
+            return seconds / steps
+        return None
+
     def eta_seconds(self, remaining_steps: int) -> float | None:
-        if self.avg_step_time is None:
+        step_time = self.smoothed_step_time()
+        if step_time is None:
             return None
-        return self.avg_step_time * max(0, remaining_steps)
+        return step_time * max(0, remaining_steps)
 
 
 def format_duration(seconds: float | None) -> str:

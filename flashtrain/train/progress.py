@@ -12,7 +12,17 @@ import os
 import sys
 from typing import Any
 
-from flashtrain.train.metrics import format_duration, peak_memory_gib
+from flashtrain.train.metric_names import (
+    MAX_RESERVED_GIB,
+    MAX_RSS_GIB,
+    MFU,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TRAIN_GRAD_NORM,
+    TRAIN_LOSS,
+    TRAIN_LR,
+)
+from flashtrain.train.metrics import format_duration
 from flashtrain.utils import format_count
 
 log = logging.getLogger("flashtrain")
@@ -42,8 +52,8 @@ def _terminal_columns(stream) -> int:
 
 
 def loss_label(steps: int) -> str:
-    """What a progress line's loss is: metrics' `loss` is the mean over the interval's updates."""
-    return "train/loss (last step)" if steps == 1 else f"train/loss (mean of last {steps} steps)"
+    """What a progress line's train/loss is: the mean over the interval's updates."""
+    return "(last step)" if steps == 1 else f"(mean of {steps} steps)"
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
@@ -51,28 +61,29 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
 
 
-# (metric key, label, formatter) in the order a progress line shows them after the loss.
+# (metric name, formatter) in the order a progress line shows them after train/loss. The name
+# printed is the name in metrics.jsonl, wandb and TensorBoard (metric_names.py).
 LINE_FIELDS = (
-    ("lr", "lr", lambda x: f"{x:.3e}"),
-    ("grad_norm", "grad_norm", lambda x: f"{x:.3f}"),
-    ("tokens_per_s", "tokens/s", lambda x: format_count(x)),
-    ("mfu", "mfu", lambda x: f"{x:.2f}%"),
-    ("step_time_s", "step_time", lambda x: f"{x:.3f}s"),
+    (TRAIN_LR, lambda x: f"{x:.3e}"),
+    (TRAIN_GRAD_NORM, lambda x: f"{x:.3f}"),
+    (TOKENS_PER_S, lambda x: format_count(x)),
+    (MFU, lambda x: f"{x:.2f}%"),
+    (STEP_TIME_S, lambda x: f"{x:.3f}s"),
+    (MAX_RESERVED_GIB, lambda x: f"{x:.2f}"),  # CUDA
+    (MAX_RSS_GIB, lambda x: f"{x:.2f}"),  # CPU
 )
 
 
 def format_line(
     step: int, max_steps: int, metrics: dict[str, Any], eta: float | None, loss_steps: int = 1
 ) -> str:
-    """loss_steps: how many updates metrics["loss"] averages (it is named accordingly)."""
+    """`step 100/400 | train/loss 2.3100 (mean of 5 steps) | train/lr 3.000e-03 | ... | eta 0:27`.
+    loss_steps: how many updates metrics[train/loss] averages (the line says so)."""
     width = len(str(max_steps))
     parts = [f"step {step:>{width}}/{max_steps}"]
-    if "loss" in metrics:
-        parts.append(f"{loss_label(loss_steps)} {metrics['loss']:.4f}")
-    parts += [f"{label} {fmt(metrics[key])}" for key, label, fmt in LINE_FIELDS if key in metrics]
-    mem = peak_memory_gib(metrics)
-    if mem is not None:
-        parts.append(f"mem {mem:.2f}GiB")
+    if TRAIN_LOSS in metrics:
+        parts.append(f"{TRAIN_LOSS} {metrics[TRAIN_LOSS]:.4f} {loss_label(loss_steps)}")
+    parts += [f"{key} {fmt(metrics[key])}" for key, fmt in LINE_FIELDS if key in metrics]
     parts.append(f"eta {format_duration(eta)}")
     return " | ".join(parts)
 
@@ -126,15 +137,15 @@ class Progress:
         if self.mode == "off":
             return line
         if self.bar is not None:
-            post = {}
-            if "loss" in metrics:  # the interval's mean, as in the log line
-                post["loss_mean"] = f"{metrics['loss']:.4f}"
-            if "lr" in metrics:
-                post["lr"] = f"{metrics['lr']:.2e}"
-            if "tokens_per_s" in metrics:
-                post["tok/s"] = format_count(metrics["tokens_per_s"])
-            if "mfu" in metrics:
-                post["mfu"] = f"{metrics['mfu']:.1f}%"
+            post = {}  # the log line's names and numbers, fewer of them
+            if TRAIN_LOSS in metrics:  # the interval's mean, as in the log line
+                post[TRAIN_LOSS] = f"{metrics[TRAIN_LOSS]:.4f}"
+            if TRAIN_LR in metrics:
+                post[TRAIN_LR] = f"{metrics[TRAIN_LR]:.2e}"
+            if TOKENS_PER_S in metrics:
+                post[TOKENS_PER_S] = format_count(metrics[TOKENS_PER_S])
+            if MFU in metrics:
+                post[MFU] = f"{metrics[MFU]:.1f}%"
             self.bar.set_postfix(post, refresh=True)
         log.info(line, extra={PROGRESS_ATTR: True})
         return line

@@ -29,10 +29,19 @@ from torch.profiler import record_function
 from flashtrain.checkpoint import initial_weights
 from flashtrain.checkpoint.run_info import write_run_info
 from flashtrain.checkpoint.run_lock import CheckpointDirBusy, RunLock
+from flashtrain.checkpoint.sources import check_source
 from flashtrain.collectives import all_reduce_sum, broadcast_object
 from flashtrain.data import build_data
+from flashtrain.data.files import atomic_path
+from flashtrain.data.hf_tokenizer import check_tokenizer_source
 from flashtrain.train.config import ConfigError, config_dict, config_yaml, validate_config
 from flashtrain.train.cpu_estimate import estimate_cpu_step_time, refuse_slow_cpu_run
+from flashtrain.train.cpu_threads import (
+    ThreadChoice,
+    apply_cpu_threads,
+    auto_cpu_threads,
+    projection_flops,
+)
 from flashtrain.train.distributed import (
     DistEnv,
     resolve_precision,
@@ -44,10 +53,22 @@ from flashtrain.train.distributed import (
 from flashtrain.train.dry_run import build_memory_for, dry_run_plan, plan_world
 from flashtrain.train.errors import from_config
 from flashtrain.train.evaluation import evaluate_model
-from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
+from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler
+from flashtrain.train.host_memory import (
+    HostMemoryEstimate,
+    available_host_memory,
+    check_host_memory,
+    estimate_host_peak,
+)
 from flashtrain.train.interval import IntervalStats
 from flashtrain.train.loggers import Loggers, build_loggers
 from flashtrain.train.memory_estimate import MemoryEstimate
+from flashtrain.train.metric_names import (
+    MAX_RSS_GIB,
+    TRAIN_LOSS,
+    TRAIN_LOSS_SCALE,
+    TRAIN_TOKENS_SEEN,
+)
 from flashtrain.train.metrics import (
     PeakFlops,
     Throughput,
@@ -64,6 +85,10 @@ from flashtrain.train.run_state import RunCheckpoints, RunState
 from flashtrain.utils import format_count, git_commit
 
 log = logging.getLogger("flashtrain")
+
+CONFIG_FILE = (
+    "config.yaml"  # the run's whole resolved config, in its folder (the summary's pointer)
+)
 
 
 def ensure_logging() -> None:
@@ -161,6 +186,12 @@ class Trainer:
             model = self.cp.build_model(cfg.model, cfg.attention)  # ring attention when cp > 1
         self.num_params = int(model.num_parameters())
         self.flops_per_token = float(model.estimate_flops_per_token(cfg.seq_len))
+        self.cpu_threads: ThreadChoice | None = None  # on a CPU: intra-op threads and why
+        if env.device.type == "cpu":  # before anything measures speed (measure_matmul_flops)
+            tokens = self.plan.seq_len // self.cp.size  # a rank's share of each sequence
+            work = projection_flops(self.plan.micro_batch_size, tokens, cfg.model.d_model)
+            self.cpu_threads = auto_cpu_threads(work, t.cpu_threads)
+            apply_cpu_threads(self.cpu_threads)
         matmul_flops = measure_matmul_flops(env.device) if env.device.type == "cpu" else None
         self.peak: PeakFlops = device_peak_flops(
             env.device, self.precision, t.peak_flops, measured=matmul_flops
@@ -176,18 +207,34 @@ class Trainer:
             t.compile if isinstance(t.compile, bool) else env.device.type == "cuda"
         )
         self.memory: MemoryEstimate | None = None  # a dry run's per-GPU estimate
+        self.host_memory: HostMemoryEstimate | None = None  # a CPU run's peak on this host
+
+        def host_peak(plan) -> HostMemoryEstimate:
+            return estimate_host_peak(
+                model, cfg, plan, precision=self.precision, strategy=self.strategy
+            )
+
+        host_lines = []
+        if env.device.type == "cpu":
+            self.host_memory = host_peak(self.plan)
+            host_lines.append(f"host memory (estimate): {self.host_memory.describe()}")
         if self.dry_run:  # the plan and the memory it needs; no weights, no data, no tokenizer
             gpu = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else None
             self.memory, plan_lines = dry_run_plan(
                 model, world, env.world_size, t, self.flops_per_token, gpu
             )
-            self._print_summary(model, plan_lines)
+            self._check_sources()
+            self._print_summary(model, [*plan_lines, *host_lines])
             return
-        self._print_summary()
+        self._print_summary(plan_lines=host_lines)
         if self.cpu_step_estimate is not None and not t.allow_slow_cpu:
             refuse_slow_cpu_run(
                 self.cpu_step_estimate, flops_per_step, t.max_steps, t.cpu_step_time_limit_s
             )
+        # allow_slow_cpu's advice followed must not end in the allocator's crash
+        if self.host_memory is not None:  # rank 0's figure: every rank refuses, or none does
+            available = broadcast_object(available_host_memory() if env.is_main else None)
+            check_host_memory(self.host_memory, available, self.plan, host_peak)
         self._lock_checkpoint_folder()  # one run per checkpoint folder, one it can write
         if self.compile_blocks:
             for block in model.blocks:
@@ -205,7 +252,7 @@ class Trainer:
             data = build_data(
                 cfg.data,
                 seq_len=cfg.seq_len,
-                micro_batch_size=cfg.micro_batch_size,
+                micro_batch_size=self.plan.micro_batch_size,
                 seed=cfg.seed,
                 rank=self.cp.dp_rank,
                 world_size=self.cp.dp_size,
@@ -231,6 +278,19 @@ class Trainer:
             state=self.state,
         )
 
+    def _check_sources(self) -> None:
+        """A dry run reads no weights and no data, but checks that what the run would read is
+        there: model.init_from (an hf: hub id cached, or its config.json fetched, and fitting the
+        model) and an hf: tokenizer (cached or fetched; offline: one line naming HF_HUB_OFFLINE
+        or a local folder)."""
+        cfg = self.cfg
+        if cfg.model.init_from:
+            with from_config(f"model.init_from={cfg.model.init_from}"):
+                found = check_source(cfg.model.init_from, cfg.model)
+            log.info("initial weights found: %s", found)
+        with from_config(f"data.tokenizer={getattr(cfg.data, 'tokenizer', None)}"):
+            check_tokenizer_source(cfg.data)
+
     def _placed_with_initial_weights(self, model: torch.nn.Module) -> torch.nn.Module:
         """The meta-built model placed (FSDP2 shards it first, so each rank only ever holds its
         shards; DDP needs whole weights to replicate) and given its initial weights: fresh, then
@@ -250,8 +310,15 @@ class Trainer:
                 unwrap(model), cfg.model.init_from, device=env.device,
                 position_mode=cfg.model.init_positions,
             )  # fmt: skip
-        estimate = build_memory_for(unwrap(model), self.strategy, env.world_size)
-        log.info("initial weights placed: %s", build_peak_line(env.device, estimate))
+        if self.host_memory is not None:  # a CPU run: the host's peak so far against its estimate
+            rss = memory_metrics(env.device)[MAX_RSS_GIB]
+            log.info(
+                "initial weights placed: host peak RSS %.2f GiB so far (the run's estimated peak: "
+                "%.2f GiB)", rss, self.host_memory.per_rank / 2**30,
+            )  # fmt: skip
+        else:
+            estimate = build_memory_for(unwrap(model), self.strategy, env.world_size)
+            log.info("initial weights placed: %s", build_peak_line(env.device, estimate))
         return model if self.strategy == "fsdp" else place(model)
 
     def _lock_checkpoint_folder(self) -> None:
@@ -279,19 +346,29 @@ class Trainer:
         return f"{model}-{data}-{self.cfg.seq_len}"
 
     def _print_summary(self, model: torch.nn.Module | None = None, plan_lines=()) -> None:
-        """The resolved config, sizes, FLOPs and the batch plan; a dry run's model and
-        `plan_lines` (dry_run_plan); everything here is known before any data is touched."""
+        """A short summary: what trains on what, its size, the batch plan, the device, how long
+        and where it writes (the whole resolved config is in the run folder, CONFIG_FILE); a dry
+        run's model and `plan_lines` (dry_run_plan). Known before any data is touched."""
         if not self.env.is_main:
             return
         cfg, plan, env, t = self.cfg, self.plan, self.env, self.cfg.trainer
-        lines = ["resolved config:", config_yaml(cfg).rstrip(), ""]
+        lines = []
         if model is not None:
             lines += [str(model), ""]
-        lines.append(f"run: {self.run_name}  dir: {self.run_dir}")
+        if self.dry_run:
+            where = "dry run: nothing written (the full config: add --cfg job to the command)"
+        else:
+            where = f"dir: {self.run_dir} (the full config: {self.run_dir / CONFIG_FILE})"
+        lines.append(f"run: {self.run_name}  {where}")
+        m = cfg.model
+        choice = self.choices.get("model")
+        named = f"{m.arch} ({choice})" if choice and choice != m.arch else m.arch
         lines.append(
-            f"model: {cfg.model.arch}  attention: {cfg.attention.impl}  data: {cfg.data.name}  "
-            f"vocab: {cfg.model.vocab_size}"
+            f"model: {named}, {m.n_layer} layers x {m.d_model} wide  attention: "
+            f"{cfg.attention.impl}  data: {cfg.data.name}  vocab: {m.vocab_size}"
         )
+        if m.init_from:
+            lines.append(f"initial weights: {m.init_from}")
         lines.append(f"params: {self.num_params}")
         lines.append(f"flops/token: {format_count(self.flops_per_token)} at seq_len {cfg.seq_len}")
         lines.append(
@@ -300,17 +377,22 @@ class Trainer:
         )
         if self.cp.enabled:
             lines.append(self.cp.describe())
-        threads = f" (threads: {torch.get_num_threads()})" if env.device.type == "cpu" else ""
         lines.append(
-            f"device: {env.device}{threads}  strategy: {self.strategy}  precision: "
+            f"device: {env.device}  strategy: {self.strategy}  precision: "
             f"{self.precision}  world: {self.world_size}  compiled blocks: "
             f"{'yes' if self.compile_blocks else 'no'}"
         )
+        if self.cpu_threads is not None:
+            lines.append(f"threads: {self.cpu_threads.describe()}")
         lines += plan_lines  # a dry run: the planned world, the memory it needs per GPU
         peak = f"{format_count(self.peak.flops)}FLOP/s" if self.peak.flops else "unknown"
         lines.append(f"peak: {peak} ({self.peak.source})")
         if self.cpu_step_estimate is not None:
-            lines.append(f"estimated time per step on this CPU: ~{self.cpu_step_estimate:.2f}s")
+            total = format_duration(self.cpu_step_estimate * t.max_steps)
+            steps = f" ({t.max_steps} steps: ~{total})" if t.max_steps else ""
+            lines.append(
+                f"estimated time per step on this CPU: ~{self.cpu_step_estimate:.2f}s{steps}"
+            )
         lines.append(
             f"steps: {t.max_steps}  eval every {t.eval_interval or '-'}  checkpoint every "
             f"{t.ckpt_interval or '-'} -> {self.ckpt_root}"
@@ -365,7 +447,7 @@ class Trainer:
         summary = self._summary()
         summary["elapsed_s"] = elapsed
         if env.is_main:
-            last = {"train/loss (last step)": self.history[-1][1]} if self.history else {}
+            last = {f"{TRAIN_LOSS} (last step)": self.history[-1][1]} if self.history else {}
             evals = self.eval_history[-1][1] if self.eval_history else {}
             log.info(
                 "done: %d steps in %s  %s  checkpoint %s",
@@ -398,6 +480,8 @@ class Trainer:
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_run_info(self.run_dir, env.device, env.world_size, self.step)
+            with atomic_path(self.run_dir / CONFIG_FILE) as tmp:  # never half a config
+                tmp.write_text(config_yaml(self.cfg))
         self.loggers = build_loggers(
             self.cfg,
             run_dir=self.run_dir,
@@ -405,6 +489,7 @@ class Trainer:
             config=config,
             is_main=env.is_main,
             resume_id=self.state.wandb_id,
+            resumed_from=self.step,  # TensorBoard hides what a crash logged past the checkpoint
         )
         if self.loggers.wandb is not None:
             self.state.wandb_id = self.loggers.wandb.id
@@ -425,6 +510,8 @@ class Trainer:
             "run_dir": str(self.run_dir),
             "world_size": self.world_size,  # a dry run's planned world (dry_run.py)
             "memory_per_gpu": dataclasses.asdict(self.memory) if self.memory else None,
+            "dry_run": self.dry_run,
+            "host_memory": dataclasses.asdict(self.host_memory) if self.host_memory else None,
         }
 
     def _autocast(self):
@@ -464,26 +551,22 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
         correct_sum = torch.zeros((), dtype=torch.float64, device=env.device)
         has_correct = False
-        try:
-            for i, batch in enumerate(step_input.batches):
-                batch = to_device(batch, env.device)
-                with self._sync_context(i == len(step_input.batches) - 1):
-                    with self._autocast():
-                        out = self.model(**batch)
-                    n = counts[i]
-                    if n > 0:  # weight: this micro-batch's share of the global step's targets
-                        weight = (n * env.world_size / global_targets).float()
-                        loss = out.loss.float() * weight
-                        loss_sum += out.loss.detach().double() * n
-                    else:  # keep every rank's backward in step (DDP/FSDP collectives)
-                        loss = torch.nan_to_num(out.loss.float()) * 0.0
-                    if out.correct is not None:
-                        has_correct = True
-                        correct_sum += out.correct.detach().double()
-                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        except torch.OutOfMemoryError as e:
-            log.error("%s", oom_advice(self.cfg, env.device, e))
-            raise
+        for i, batch in enumerate(step_input.batches):
+            batch = to_device(batch, env.device)
+            with self._sync_context(i == len(step_input.batches) - 1):
+                with self._autocast():
+                    out = self.model(**batch)
+                n = counts[i]
+                if n > 0:  # weight: this micro-batch's share of the global step's targets
+                    weight = (n * env.world_size / global_targets).float()
+                    loss = out.loss.float() * weight
+                    loss_sum += out.loss.detach().double() * n
+                else:  # keep every rank's backward in step (DDP/FSDP collectives)
+                    loss = torch.nan_to_num(out.loss.float()) * 0.0
+                if out.correct is not None:
+                    has_correct = True
+                    correct_sum += out.correct.detach().double()
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         # One all-reduce for the step's loss, accuracy and the ranks' stop requests (SIGTERM).
         stop_vote = torch.tensor(float(preempt.requested), dtype=torch.float64)
         stop_vote = stop_vote.to(env.device, non_blocking=True)
@@ -548,9 +631,9 @@ class Trainer:
         metrics = self.interval.flush()
         metrics.update(self.throughput.flush())
         metrics.update(memory_metrics(self.env.device))
-        metrics["tokens_seen"] = float(self.state.tokens_seen)
+        metrics[TRAIN_TOKENS_SEEN] = float(self.state.tokens_seen)
         if self.scaler is not None:
-            metrics["loss_scale"] = float(self.scaler.get_scale())
+            metrics[TRAIN_LOSS_SCALE] = float(self.scaler.get_scale())
         eta = self.throughput.eta_seconds(self.cfg.trainer.max_steps - self.step)
         if self.env.is_main:
             self.progress.interval(self.step, metrics, eta, self.interval.flushed_updates)

@@ -33,6 +33,7 @@ import torch
 
 from flashtrain.checkpoint import initial_weights, load_model
 from flashtrain.models import build_model
+from flashtrain.train.metric_names import TRAIN_LOSS
 
 TESTS = Path(__file__).resolve().parents[1]
 FIXTURES = TESTS / "fixtures" / "checkpoints_2026_11"
@@ -226,7 +227,7 @@ def test_resuming_the_old_checkpoint_starts_at_its_step(tmp_path, monkeypatch, c
         _train_in_process(overrides, tmp_path / "resumed", monkeypatch)
     assert f"resumed from {old / 'checkpoints' / STEP} at step 2" in caplog.text
     records = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
-    assert sorted({r["step"] for r in records if r.get("loss") is not None}) == [3]
+    assert sorted({r["step"] for r in records if r.get(TRAIN_LOSS) is not None}) == [3]
     ckpt = tmp_path / "resumed" / "checkpoints"
     assert (ckpt / "latest").read_text().strip() == "step_000003"
     model, info = load_model(ckpt)

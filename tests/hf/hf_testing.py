@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from flashtrain.train.metric_names import TRAIN_LOSS
+
 transformers = pytest.importorskip("transformers")
 
 
@@ -112,7 +114,7 @@ def run_train(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.Co
 
 def step_losses(run_dir: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if r.get("loss") is not None}
+    return {r["step"]: r[TRAIN_LOSS] for r in rows if r.get(TRAIN_LOSS) is not None}
 
 
 def save_model_checkpoint(root: Path, model, run_config: dict, *, sharded=False, step=1) -> Path:

@@ -111,3 +111,21 @@ def test_classifier_starts_from_a_masked_lm_checkpoint(tmp_path):
     assert torch.equal(model.blocks[1].attn.c_attn.weight.detach(), want.detach())
     assert torch.equal(model.classifier.weight, fresh.classifier.weight)
     assert torch.equal(model.pooler.weight, fresh.pooler.weight)
+
+
+def test_a_dry_run_checks_the_source_without_reading_weights(exported, tmp_path, monkeypatch):
+    """trainer.max_steps=0 finds the source and fits it to the model (its config.json alone); a
+    hub id that is neither cached nor reachable offline is one line naming what to do."""
+    from config_testing import compose
+
+    from flashtrain.train import ConfigError, run
+
+    dry = [*TINY_RUN, "trainer.max_steps=0"]
+    out = run(compose([*dry, f"model.init_from=hf:{exported}"]), tmp_path / "found")
+    assert out["dry_run"] and not (tmp_path / "found").exists()
+    with pytest.raises(ConfigError, match="model.init_from=hf:.*model.arch=llama"):
+        run(compose([*dry, "model=llama-tiny", f"model.init_from=hf:{exported}"]), tmp_path / "l")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ConfigError, match="not in the cache .* HF_HUB_OFFLINE=1 .* local folder"):
+        run(compose([*dry, "model.init_from=hf:nobody/no-such-model"]), tmp_path / "missing")

@@ -20,6 +20,7 @@ from flashtrain.lab.experiments.overrides import (
 )
 from flashtrain.lab.experiments.spec import Run
 from flashtrain.lab.reproduce import command, hydra_value, shown, train_state
+from flashtrain.train.metric_names import TRAIN_LOSS
 
 
 def all_plans():
@@ -155,7 +156,7 @@ SMOKE = [
 
 def metrics_steps(run_dir: Path) -> list[int]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["step"] for line in lines if "loss" in json.loads(line)]
+    return [json.loads(line)["step"] for line in lines if TRAIN_LOSS in json.loads(line)]
 
 
 @pytest.mark.slow  # ~57 s on 2 busy cores: left out of the normal suite (10 minutes)
@@ -179,7 +180,10 @@ def test_driver_runs_reports_skips_finished_runs_and_resumes(tmp_path, capsys, m
         assert metrics_steps(run_dir) == [1, 2]
         assert (run_dir / ".hydra" / "config.yaml").is_file()
     report = (out / "context-length.md").read_text()
-    assert "| `context-length-tiny-synthetic-ctx64` | tiny | done | 2/2 | 512 |" in report
+    assert (
+        "| `context-length-tiny-synthetic-ctx64` | gpt2 (gpt2-tiny) | tiny | done | 2/2 | 512 |"
+        in report
+    )
     assert "Tokens per optimizer step: 256 at every context length." in report
     assert (out / "context-length-loss.png").stat().st_size > 10_000
 
@@ -200,7 +204,7 @@ def test_driver_runs_reports_skips_finished_runs_and_resumes(tmp_path, capsys, m
     assert [x["exit_code"] for x in launches] == [0, 0]
     assert "trainer.max_steps=4" in launches[-1]["command"]
     assert (
-        "| `context-length-tiny-synthetic-ctx64` | tiny | done | 4/4 |"
+        "| `context-length-tiny-synthetic-ctx64` | gpt2 (gpt2-tiny) | tiny | done | 4/4 |"
         in (out / "context-length.md").read_text()
     )
 

@@ -16,12 +16,13 @@ from flashtrain.attention.ring_sharding import rank_chunks
 from flashtrain.train import run
 from flashtrain.train.config import ConfigError, batch_plan
 from flashtrain.train.context_parallel import ContextParallel, check_supported
+from flashtrain.train.metric_names import TRAIN_GRAD_NORM, TRAIN_LOSS
 
 STEPS = ["trainer.max_steps=3", "trainer.eval_interval=0"]
 
 
 def _rows(path) -> dict[int, dict]:
-    return {r["step"]: r for r in read_metrics(path) if r.get("loss") is not None}
+    return {r["step"]: r for r in read_metrics(path) if r.get(TRAIN_LOSS) is not None}
 
 
 @pytest.mark.slow  # ~16 s on 2 idle cores: left out of the normal suite (10 minutes)
@@ -43,7 +44,7 @@ def test_two_ranks_splitting_each_sequence_match_one_process(tmp_path, monkeypat
     want = _rows(single["run_dir"] + "/metrics.jsonl")
     assert got.keys() == want.keys() == {1, 2, 3}
     for step in want:
-        for key in ("loss", "grad_norm"):
+        for key in (TRAIN_LOSS, TRAIN_GRAD_NORM):
             assert got[step][key] == pytest.approx(want[step][key], rel=1e-5), (step, key)
     assert step_losses(run_dir / "metrics.jsonl") != {}  # and the ranks logged the same steps
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/loss" in r][-1]

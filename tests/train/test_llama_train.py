@@ -17,6 +17,7 @@ from train_testing import read_metrics, run_train
 from flashtrain.checkpoint import initial_weights
 from flashtrain.models import build_model
 from flashtrain.train import ConfigError, run, validate_config
+from flashtrain.train.metric_names import TRAIN_GRAD_NORM, TRAIN_LOSS
 
 # A Llama small enough for a CPU step in tens of milliseconds: GQA (4 query heads over 2 K/V
 # heads), rotary with dynamic NTK scaling that is active at this length (64 > 16).
@@ -43,7 +44,7 @@ PRESETS = [p for p in group_options("experiment") if p.startswith("llama/")]
 
 
 def _rows(path) -> dict[int, dict]:
-    return {r["step"]: r for r in read_metrics(path) if r.get("loss") is not None}
+    return {r["step"]: r for r in read_metrics(path) if r.get(TRAIN_LOSS) is not None}
 
 
 def _in_process(args: list[str], run_dir):
@@ -68,7 +69,7 @@ def _matches(run_dir, want):
     got = _rows(run_dir / "metrics.jsonl")
     assert got.keys() == want.keys() == {1, 2, 3}
     for step in want:
-        for key in ("loss", "grad_norm"):
+        for key in (TRAIN_LOSS, TRAIN_GRAD_NORM):
             assert got[step][key] == pytest.approx(want[step][key], rel=1e-5), (step, key)
 
 

@@ -13,6 +13,7 @@ from train_testing import run_train
 
 from flashtrain.models import GPT2Config
 from flashtrain.train import ConfigError, TrainConfig, batch_plan, run, validate_config
+from flashtrain.train.entry import composition_error_message
 
 PRESETS = group_options("experiment")
 
@@ -151,13 +152,38 @@ def test_typos_and_wrong_types_fail_while_hydra_composes(override, match):
     assert re.search(match, str(error.value.__cause__))
 
 
+@pytest.mark.parametrize(
+    "override,first_line",
+    [
+        ("trainer.max_step=10", "unknown key 'trainer.max_step' (did you mean trainer.max_steps?)"),
+        ("max_steps=10", "unknown key 'max_steps' (did you mean trainer.max_steps?)"),
+        ("n_layers=4", "unknown key 'n_layers' (did you mean model.n_layer?)"),
+        (
+            "optim.weight_decy=0.1",
+            "unknown key 'optim.weight_decy' (did you mean optim.weight_decay",
+        ),
+        ("trainer.zzzz=1", "unknown key 'trainer.zzzz'; allowed keys of trainer (TrainerConfig)"),
+        ("model=gpt2-smal", "unknown option model=gpt2-smal (did you mean"),
+    ],
+)
+def test_a_typo_is_answered_by_the_closest_key_first(override, first_line):
+    """train.py's message for a config Hydra cannot compose: ours first, with the closest key."""
+    with pytest.raises((ConfigCompositionException, MissingConfigException)) as error:
+        compose([override])
+    message = composition_error_message(error.value)
+    assert message.startswith(first_line), message
+    assert "To append to your config" not in message
+
+
 @pytest.mark.slow  # ~7 s (train.py in a subprocess); the messages are checked in-process above
 def test_a_typo_on_the_command_line_names_the_allowed_keys(tmp_path):
     """train.py adds the schema's keys to Hydra's own message; a user error exits with 2."""
     res = run_train(["data.num_keyz=3"], cwd=tmp_path, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert "Key 'num_keyz' not in 'SyntheticConfig'" in res.stderr
+    first = res.stderr.strip().splitlines()[0]
+    assert first.startswith("unknown key 'data.num_keyz' (did you mean data.num_keys?)"), first
     assert "allowed keys of data (SyntheticConfig): loader, name, num_keys" in res.stderr
+    assert "+data.num_keyz" not in res.stderr  # Hydra's advice to append a key the schema refuses
     assert not (tmp_path / "outputs").exists()
 
 
@@ -191,10 +217,19 @@ def test_batch_plan():
         compose(["global_batch_tokens=4096", "global_batch_size=null", "seq_len=128"])
     )
     assert batch_plan(cfg, world_size=1).global_batch_size == 32
-    with pytest.raises(ConfigError, match="not a multiple of micro_batch_size=8 x world_size=3"):
+    with pytest.raises(ConfigError, match="16 sequences does not split evenly over world_size=3"):
         batch_plan(
             validate_config(compose(["global_batch_size=16", "micro_batch_size=8"])), world_size=3
         )
+    # micro_batch_size is an upper bound: the largest micro-batch that divides a rank's share
+    cfg = validate_config(compose(["experiment=cpu/tiny"]))  # global 8, micro 8
+    plan = batch_plan(cfg, world_size=2)  # torchrun --nproc_per_node=2 train.py experiment=cpu/tiny
+    assert (plan.micro_batch_size, plan.grad_accum, plan.global_batch_size) == (4, 1, 8)
+    assert "micro 4 (micro_batch_size=8 does not divide it)" in plan.split()
+    plan = batch_plan(validate_config(compose(["global_batch_size=36", "micro_batch_size=8"])), 2)
+    assert (plan.micro_batch_size, plan.grad_accum) == (6, 3)  # 18 per rank: 6 divides, 7/8 not
+    plan = batch_plan(validate_config(compose(["global_batch_size=32", "micro_batch_size=8"])), 2)
+    assert (plan.micro_batch_size, plan.grad_accum, plan.micro_batch_reduced) == (8, 2, False)
     with pytest.raises(ConfigError, match="not a multiple of seq_len"):
         batch_plan(validate_config(compose(["global_batch_tokens=1000"])), world_size=1)
     cfg = validate_config(compose(["global_batch_size=null"]))

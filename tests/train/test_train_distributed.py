@@ -49,7 +49,7 @@ def test_ddp_on_two_processes_matches_one_process(tmp_path, single):
     (run_dir,) = (tmp_path / "outputs").glob("*/*")
     assert {p.name for p in tmp_path.iterdir()} == {"outputs"}
     assert (run_dir / ".hydra").is_dir() and (run_dir / "train.log").is_file()
-    assert res.stdout.count("resolved config:") == 1
+    assert res.stdout.count("the full config:") == 1  # the summary, once
     assert "micro 4 x 2 ranks x 1 accumulation" in res.stdout and "strategy: ddp" in res.stdout
     _approx(step_losses(run_dir / "metrics.jsonl"), losses)
     ddp_evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/loss" in r][-1]

@@ -13,6 +13,7 @@ from train_testing import TINY, read_metrics, run_train, step_losses, subprocess
 
 from flashtrain.checkpoint.read import CheckpointError, find_checkpoints
 from flashtrain.train import ConfigError, run
+from flashtrain.train.metric_names import TRAIN_ACCURACY, TRAIN_LOSS
 
 # The default command shrunk to a few seconds; wandb stays at its default (offline).
 SHORT = [o for o in TINY if o != "logger=none"] + [
@@ -39,24 +40,29 @@ def test_default_command_trains_evaluates_checkpoints_and_logs(tmp_path):
     assert len(runs) == 1 and re.fullmatch(r"\d\d-\d\d-\d\d", runs[0].name)
     run_dir = runs[0]
     rows = read_metrics(run_dir / "metrics.jsonl")
-    losses = [r["loss"] for r in rows if "loss" in r]
+    losses = [r[TRAIN_LOSS] for r in rows if TRAIN_LOSS in r]
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < losses[0] - 0.4, losses  # the loss falls
     evals = [r for r in rows if "eval/loss" in r]
     assert [r["step"] for r in evals] == [15, 30] and evals[1]["eval/ppl"] > 1
-    for key in ("lr", "grad_norm", "tokens_per_s", "mfu", "step_time_s", "memory/max_rss_gib"):
+    line_keys = (TRAIN_LOSS, "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
+    line_keys += ("perf/step_time_s", "memory/max_rss_gib")
+    for key in line_keys + ("train/tokens_seen", "perf/tokens_per_s_per_device"):
         assert key in rows[0], key
     assert [c.step for c in find_checkpoints(run_dir / "checkpoints")] == [15, 30]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000030"
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].glob("run-*.wandb"))
     assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert "max_steps: 30" in (run_dir / "config.yaml").read_text()  # the whole resolved config
     log = (run_dir / "train.log").read_text()
     assert re.search(r"^params: \d+$", log, re.M)
-    # plain progress lines (not a terminal), every metric named
+    # a short summary pointing at the config, not the config itself
+    assert f"(the full config: {run_dir / 'config.yaml'})" in log and "max_steps: 30" not in log
+    # plain progress lines (not a terminal), every metric named as in metrics.jsonl
     line = next(s for s in res.stdout.splitlines() if "step 30/30" in s)
-    for piece in ("loss ", "lr ", "grad_norm ", "tokens/s ", "mfu ", "step_time ", "mem ", "eta "):
-        assert piece in line, line
+    for piece in [f"| {key} " for key in line_keys] + ["| eta "]:
+        assert piece in line, (piece, line)
     assert "eval at step 30" in res.stdout and "checkpoint:" in res.stdout
     assert "data loss: without using the context 2.079, best possible at seq_len" in res.stdout
     assert "eval/loss" in res.stdout.splitlines()[-1]  # the last line: what the loss shows
@@ -100,7 +106,7 @@ def test_max_steps_zero_builds_and_prints_params(tmp_path, caplog):
     cfg = _tiny(tmp_path)
     expected = build_model(cfg.model, cfg.attention).num_parameters()
     assert out["params"] == expected and f"\nparams: {expected}\n" in caplog.text
-    assert "resolved config:" in caplog.text and "trainer:" in caplog.text
+    assert "dry run: nothing written" in caplog.text and "trainer:" not in caplog.text
 
 
 def test_gpt2_16k_on_cpu_refuses_with_the_estimate_and_the_override(tmp_path):
@@ -111,7 +117,24 @@ def test_gpt2_16k_on_cpu_refuses_with_the_estimate_and_the_override(tmp_path):
     assert "trainer.allow_slow_cpu=true" in out
     assert re.search(r"^params: \d+$", out, re.M)  # it built and described the model first
     assert "Traceback" not in out
-    assert not list((tmp_path / "outputs").glob("*/*/checkpoints"))
+    assert not list((tmp_path / "outputs").glob("*/*"))  # a refused run leaves no run folder
+
+
+def test_the_design_cards_command_with_its_advice_refuses_on_host_memory(tmp_path, monkeypatch):
+    """`model=gpt2 seq_len=16384 trainer.allow_slow_cpu=true` crashed in the allocator after
+    minutes: refused at start (exit 2 through train.py) with the estimate and what fits."""
+    from flashtrain.train import host_memory, trainer
+
+    available = host_memory.HostAvailable(24 * 2**30, "MemAvailable in /proc/meminfo")
+    monkeypatch.setattr(trainer, "available_host_memory", lambda: available)  # a 24 GiB host
+    cfg = compose(["model=gpt2", "seq_len=16384", "logger=none", "trainer.allow_slow_cpu=true"])
+    with pytest.raises(ConfigError) as error:
+        run(cfg, tmp_path / "r")
+    message = str(error.value)
+    assert re.search(
+        r"this CPU run needs ~\d+\.\d GiB .* of host memory; 24.0 GiB is available", message
+    )
+    assert "micro_batch_size=1 fits" in message and not (tmp_path / "r").exists()
 
 
 def test_seq_len_the_model_cannot_take(tmp_path):
@@ -210,7 +233,7 @@ def test_python_train_py_as_is(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs").glob("*/*")
     rows = read_metrics(run_dir / "metrics.jsonl")
-    losses = [r["loss"] for r in rows if "loss" in r]
+    losses = [r[TRAIN_LOSS] for r in rows if TRAIN_LOSS in r]
     assert losses[-1] < losses[0] - 0.5, losses  # from ~ln(16) = 2.77
     # From ~ln(16) = 2.77 to clearly below ln(8) = 2.079, the floor of a model blind to the context.
     final_eval = [r["eval/loss"] for r in rows if "eval/loss" in r][-1]
@@ -277,4 +300,4 @@ def test_classification_and_mlm_report_accuracy(tmp_path):
     assert set(metrics) == {"eval/loss", "eval/ppl", "eval/accuracy"}
     rows = read_metrics(tmp_path / "mlm" / "metrics.jsonl")
     # the MLM head's argmax runs in evaluation only, never in a training step
-    assert not any("accuracy" in r for r in rows if "loss" in r)
+    assert not any(TRAIN_ACCURACY in r for r in rows if TRAIN_LOSS in r)

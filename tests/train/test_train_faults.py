@@ -19,7 +19,13 @@ import flashtrain.train.context_parallel
 from flashtrain.checkpoint.read import find_checkpoints
 from flashtrain.train import run, validate_config
 from flashtrain.train.entry import EXIT_PREEMPTED
-from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler, oom_advice
+from flashtrain.train.faults import (
+    NonFiniteLossError,
+    Preempted,
+    PreemptionHandler,
+    is_out_of_memory,
+    oom_advice,
+)
 
 
 def _tiny(tmp_path, *extra):
@@ -152,10 +158,13 @@ def test_sigterm_to_the_command(tmp_path):
 
 def test_oom_advice_names_the_overrides():
     cfg = validate_config(compose(["micro_batch_size=8", "trainer.strategy=ddp"]))
-    text = oom_advice(cfg, torch.device("cpu"), RuntimeError("CUDA out of memory. Tried 2 GiB"))
-    assert "Tried 2 GiB" in text
+    text = oom_advice(cfg, torch.device("cuda"), RuntimeError("CUDA out of memory. Tried 2 GiB"))
+    assert text.startswith("CUDA out of memory") and "Tried 2 GiB" in text
     for hint in ("model.recompute=all", "micro_batch_size=4", "trainer.strategy=fsdp", "seq_len="):
         assert hint in text
+    text = oom_advice(cfg, torch.device("cpu"), RuntimeError(HOST_OOM))
+    assert text.startswith("out of host memory: [enforce fail")
+    assert "micro_batch_size=4" in text and "fsdp" not in text  # ranks on one host share it
     cfg = validate_config(
         compose(["micro_batch_size=1", "model.recompute=all", "trainer.strategy=fsdp"])
     )
@@ -163,11 +172,26 @@ def test_oom_advice_names_the_overrides():
     assert "model.recompute=all" not in text and "micro_batch_size=" not in text
 
 
-def test_oom_during_a_step_prints_the_advice(tmp_path, monkeypatch, caplog):
+HOST_OOM = (
+    "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you "
+    "tried to allocate 1099511627776 bytes. Error code 12 (Cannot allocate memory)"
+)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+        RuntimeError(HOST_OOM),
+    ],
+    ids=["cuda", "host"],
+)
+def test_oom_during_a_step_prints_the_advice(tmp_path, monkeypatch, caplog, error):
     def transform(call, out):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        raise error
 
     _patch_forward(monkeypatch, transform)
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(type(error)):
         run(_tiny(tmp_path, "trainer.max_steps=3"), tmp_path / "run")
     assert "To use less memory" in caplog.text and "model.recompute=all" in caplog.text
+    assert is_out_of_memory(error) and not is_out_of_memory(RuntimeError("a bug"))

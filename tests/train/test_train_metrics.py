@@ -1,4 +1,5 @@
-"""Peak-FLOPs lookup, MFU arithmetic, throughput / ETA, memory metrics and the progress output."""
+"""Peak-FLOPs lookup, MFU arithmetic, throughput / ETA, memory metrics and the progress output,
+all under the metric names of flashtrain/train/metric_names.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ import pytest
 import torch
 
 from flashtrain.train import metrics as M
+from flashtrain.train.metric_names import (
+    MFU,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_DEVICE,
+    TRAIN_ACCURACY,
+    TRAIN_GRAD_NORM,
+    TRAIN_LOSS,
+    TRAIN_LR,
+)
 from flashtrain.train.progress import Progress, format_line
 
 
@@ -56,12 +67,39 @@ def test_throughput_window_and_eta():
     for _ in range(4):
         tp.add(step_time=0.5, tokens=1000)
     out = tp.flush()
-    assert out["tokens_per_s"] == pytest.approx(2000.0)
-    assert out["tokens_per_s_per_device"] == pytest.approx(1000.0)
-    assert out["step_time_s"] == pytest.approx(0.5)
-    assert out["mfu"] == pytest.approx(100 * 1e6 * 1000 / 1e12)
+    assert out[TOKENS_PER_S] == pytest.approx(2000.0)
+    assert out[TOKENS_PER_S_PER_DEVICE] == pytest.approx(1000.0)
+    assert out[STEP_TIME_S] == pytest.approx(0.5)
+    assert out[MFU] == pytest.approx(100 * 1e6 * 1000 / 1e12)
     assert tp.eta_seconds(10) == pytest.approx(5.0)
     assert tp.flush() == {}  # the window restarts
+
+
+def _eta_after(intervals: list[tuple[float, int]], remaining: int = 100) -> float:
+    """The ETA of `remaining` steps after intervals of (seconds per step, steps)."""
+    tp = M.Throughput(flops_per_token=1e6, peak=M.PeakFlops(None, "unknown"), world_size=1)
+    for step_time, steps in intervals:
+        for _ in range(steps):
+            tp.add(step_time, tokens=100)
+        tp.flush()
+    return tp.eta_seconds(remaining)
+
+
+def test_one_slow_interval_moves_the_eta_far_less_than_its_slowness():
+    steady = [(1.0, 10)] * 20
+    assert _eta_after(steady) == pytest.approx(100.0)
+    jumped = _eta_after(steady + [(10.0, 10)])  # another job took the cores for 10 steps
+    assert 100.0 < jumped < 2 * 100.0  # the last interval alone would say 1000
+
+
+def test_the_first_interval_warm_up_does_not_weigh_on_the_eta():
+    assert _eta_after([(30.0, 5)]) == pytest.approx(3000.0)  # nothing better known yet
+    assert _eta_after([(30.0, 5), (1.0, 5)]) == pytest.approx(100.0)
+
+
+def test_the_eta_follows_a_lasting_change_of_speed():
+    slower = _eta_after([(1.0, 10)] * 20 + [(2.0, 10)] * 40)
+    assert slower == pytest.approx(200.0, rel=0.1)
 
 
 def test_memory_metrics_on_cpu():
@@ -85,27 +123,22 @@ def test_format_duration(seconds, text):
 
 def test_format_line_has_every_metric():
     metrics = {
-        "loss": 2.5,
-        "lr": 3e-4,
-        "grad_norm": 0.75,
-        "tokens_per_s": 12345.0,
-        "mfu": 41.5,
-        "step_time_s": 0.25,
+        TRAIN_LOSS: 2.5,
+        TRAIN_LR: 3e-4,
+        TRAIN_GRAD_NORM: 0.75,
+        TOKENS_PER_S: 12345.0,
+        MFU: 41.5,
+        STEP_TIME_S: 0.25,
         "memory/max_reserved_gib": 10.5,
     }
     line = format_line(20, 100, metrics, eta=65)
-    for piece in (
-        "step  20/100",
-        "train/loss (last step) 2.5000",
-        "lr 3.000e-04",
-        "grad_norm 0.750",
-        "tokens/s 12.35K",
-        "mfu 41.50%",
-        "step_time 0.250s",
-        "mem 10.50GiB",
-        "eta 1:05",
-    ):
-        assert piece in line, (piece, line)
+    assert line == (
+        "step  20/100 | train/loss 2.5000 (last step) | train/lr 3.000e-04 | "
+        "train/grad_norm 0.750 | perf/tokens_per_s 12.35K | perf/mfu 41.50% | "
+        "perf/step_time_s 0.250s | memory/max_reserved_gib 10.50 | eta 1:05"
+    )
+    assert "train/loss 2.5000 (mean of 5 steps)" in format_line(20, 100, metrics, 65, 5)
+    assert "memory/max_rss_gib 0.61" in format_line(1, 9, {"memory/max_rss_gib": 0.61}, None)
 
 
 class _Tty(io.StringIO):
@@ -132,14 +165,14 @@ def test_plain_lines_when_not_a_terminal():
         p = Progress("auto", total=10, initial=0, enabled=True, stream=io.StringIO())
         assert p.mode == "lines" and p.bar is None
         p.step(5)
-        p.interval(5, {"loss": 1.25}, eta=3)
+        p.interval(5, {TRAIN_LOSS: 1.25}, eta=3)
         p.close()
     finally:
         root.removeHandler(console)
         root.removeHandler(logfile)
         root.setLevel(old)
-    assert "step  5/10 | train/loss (last step) 1.2500" in con.getvalue()
-    assert "(last step) 1.2500" in fil.getvalue()
+    assert "step  5/10 | train/loss 1.2500 (last step)" in con.getvalue()
+    assert "train/loss 1.2500 (last step)" in fil.getvalue()
 
 
 def test_bar_on_a_terminal_keeps_lines_in_the_log_file_only():
@@ -149,7 +182,7 @@ def test_bar_on_a_terminal_keeps_lines_in_the_log_file_only():
         p = Progress("auto", total=10, initial=2, enabled=True, stream=tty)
         assert p.mode == "bar" and p.bar is not None
         p.step(5)
-        p.interval(5, {"loss": 1.25, "tokens_per_s": 1000.0}, eta=3)
+        p.interval(5, {TRAIN_LOSS: 1.25, TOKENS_PER_S: 1000.0}, eta=3)
         logging.getLogger("flashtrain").info("eval at step 5")
         p.close()
     finally:
@@ -157,10 +190,11 @@ def test_bar_on_a_terminal_keeps_lines_in_the_log_file_only():
         root.removeHandler(logfile)
         root.setLevel(old)
     drawn = tty.getvalue()
-    assert "5/10" in drawn and "loss_mean=1.2500" in drawn  # the bar, with its postfix
+    # the bar, its postfix under the log line's names
+    assert "5/10" in drawn and "train/loss=1.2500" in drawn and "perf/tokens_per_s=1.00K" in drawn
     assert "<" in drawn  # tqdm's elapsed<remaining (ETA)
-    assert "(last step) 1.2500" in fil.getvalue()  # the plain line reached the log file
-    assert "step  5/10 | loss" not in con.getvalue() + drawn  # ... but not the terminal
+    assert "train/loss 1.2500 (last step)" in fil.getvalue()  # the line reached the log file
+    assert "step  5/10 | train/loss" not in con.getvalue() + drawn  # ... but not the terminal
     assert "eval at step 5" in drawn + con.getvalue()  # other messages still show
 
 
@@ -168,7 +202,7 @@ def test_disabled_progress_prints_nothing():
     root, console, logfile, con, fil, old = _capture_logging()
     try:
         p = Progress("lines", total=10, initial=0, enabled=False, stream=io.StringIO())
-        p.interval(1, {"loss": 1.0}, eta=None)
+        p.interval(1, {TRAIN_LOSS: 1.0}, eta=None)
         p.close()
     finally:
         root.removeHandler(console)
@@ -197,5 +231,10 @@ def test_interval_stats_average_the_updates_and_the_targets():
     stats.add_update(4.0, lr=2e-3, grad_norm=0.7)
     stats.add_accuracy(3.0, 4.0)
     stats.add_accuracy(1.0, 4.0)  # a skipped step still scores its targets
-    assert stats.flush() == {"loss": 3.0, "lr": 2e-3, "grad_norm": 0.7, "accuracy": 0.5}
+    assert stats.flush() == {
+        TRAIN_LOSS: 3.0,
+        TRAIN_LR: 2e-3,
+        TRAIN_GRAD_NORM: 0.7,
+        TRAIN_ACCURACY: 0.5,
+    }
     assert stats.flush() == {}  # the next interval starts empty

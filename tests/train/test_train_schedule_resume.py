@@ -9,6 +9,7 @@ from config_testing import compose
 from train_testing import TINY, read_metrics
 
 from flashtrain.train import ConfigError, run
+from flashtrain.train.metric_names import TRAIN_LR
 
 
 def _tiny(*extra):
@@ -16,7 +17,8 @@ def _tiny(*extra):
 
 
 def _lrs(run_dir) -> dict[int, float]:
-    return {r["step"]: r["lr"] for r in read_metrics(run_dir / "metrics.jsonl") if "lr" in r}
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    return {r["step"]: r[TRAIN_LR] for r in rows if TRAIN_LR in r}
 
 
 def test_a_changed_schedule_is_refused_naming_the_key_and_the_flag(tmp_path):

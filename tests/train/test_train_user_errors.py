@@ -62,9 +62,9 @@ CASES = {
     "bad checkpoint": _bad_checkpoint,
     "unknown key": lambda *_: (["+trainer.max_step=3"], "unknown key 'trainer.max_step'"),
     # Refused while the trainer builds: the build's own error, not one from closing it after.
-    "batch not a multiple": lambda *_: (
-        ["global_batch_size=7", "micro_batch_size=2"],
-        "the global batch of 7 sequences is not a multiple of micro_batch_size=2",
+    "tokens not a multiple": lambda *_: (
+        ["global_batch_tokens=1000", "global_batch_size=null"],
+        "global_batch_tokens=1000 is not a multiple of seq_len",
     ),
     "context parallel in one process": lambda *_: (
         ["trainer.context_parallel=2"],
@@ -126,3 +126,7 @@ def test_a_crash_prints_its_traceback_and_exits_1(tmp_path):
     assert res.returncode == 1, res.stderr[-2000:]
     assert "Traceback" in res.stderr and "ValueError: a bug inside the loop" in res.stderr
     assert "HYDRA_FULL_ERROR=1" in res.stderr  # Hydra's own report, pointing at the full one
+    # ... and the run's log file has it too: a job's log is what is read after it died
+    (log_file,) = tmp_path.glob("outputs/*/*/train.log")
+    logged = log_file.read_text()
+    assert "crashed: ValueError: a bug inside the loop" in logged and "Traceback" in logged

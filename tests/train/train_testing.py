@@ -11,6 +11,8 @@ from pathlib import Path
 
 from config_testing import REPO
 
+from flashtrain.train.metric_names import TRAIN_LOSS
+
 # A GPT-2 small enough for a CPU step in tens of milliseconds.
 TINY = [
     "model=gpt2-tiny",
@@ -75,5 +77,5 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def step_losses(path: Path) -> dict[int, float]:
-    """{step: loss} from a metrics.jsonl written with trainer.log_interval=1."""
-    return {r["step"]: r["loss"] for r in read_metrics(path) if r.get("loss") is not None}
+    """{step: train/loss} from a metrics.jsonl written with trainer.log_interval=1."""
+    return {r["step"]: r[TRAIN_LOSS] for r in read_metrics(path) if r.get(TRAIN_LOSS) is not None}

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from flashtrain.lab.checkout import CONFIGS
+from flashtrain.train.metric_names import MFU, TOKENS_PER_S, TRAIN_LOSS, canonical_row
 
 CATEGORIES = {  # first match wins; names of CUDA kernels and of aten ops (CPU)
     "attention": r"attn|attention|flash|fmha|sdpa|_fwd_kernel|_bwd_kernel|dkdv|_dq",
@@ -136,17 +137,18 @@ def run_training(model, seqlen, attention, compile_, steps, run_dir: Path, dry_r
         ok = True
     finally:
         trainer.close(clean=ok)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in rows if "tokens_per_s" in r and 2 < r["step"] <= wait] or rows[-1:]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rows = [canonical_row(json.loads(line)) for line in lines]
+    timed = [r for r in rows if TOKENS_PER_S in r and 2 < r["step"] <= wait] or rows[-1:]
     return {
         "model": model,
         "seqlen": seqlen,
         "attention": attention,
         "compile": compile_,
         "steps": steps,
-        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
-        "mfu_percent": statistics.median(r.get("mfu", float("nan")) for r in timed),
+        "tokens_per_s": statistics.median(r[TOKENS_PER_S] for r in timed),
+        "mfu_percent": statistics.median(r.get(MFU, float("nan")) for r in timed),
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "step_split_ms": step_split(prof, cuda),
-        "final_loss": rows[-1].get("loss"),
+        "final_loss": rows[-1].get(TRAIN_LOSS),
     }

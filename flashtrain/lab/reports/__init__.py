@@ -1,4 +1,5 @@
-"""Experiment reports from run folders: tables (ours beside the paper's figures) and plots.
+"""Experiment reports from run folders: tables and plots of our runs (one row and one curve per
+run, with its model), the paper's figures in tables and panels of their own.
 
 write_reports(run_dirs, out_dir) -> [<out_dir>/<experiment>.md, ...]   (scripts/report.py)
 """

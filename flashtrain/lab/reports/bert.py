@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from flashtrain import plots
+from flashtrain.lab.reports.labels import curve_labels, run_name, run_path
 from flashtrain.lab.reports.markdown import fmt, image, table
 from flashtrain.lab.reports.paper import paper_value
 from flashtrain.lab.reports.runs import RunRecord
+from flashtrain.train.metric_names import TRAIN_ACCURACY, TRAIN_LOSS
 
 STEM = "bert"
 
@@ -50,10 +52,16 @@ def section(records: list[RunRecord], out_dir: Path) -> str:
         "target (%, MLPerf)",
     ]
     fig, axes = plots.panels(2)
-    for ax, key, label in ((axes[0], "loss", "MLM loss"), (axes[1], "accuracy", "MLM accuracy")):
+    labels = curve_labels(runs, (run_name, run_path))  # two days' outputs/.../12-00-00
+    panels = (
+        (axes[0], TRAIN_LOSS, "eval/loss", "MLM loss (nats)"),
+        (axes[1], TRAIN_ACCURACY, "eval/accuracy", "MLM accuracy"),
+    )
+    for ax, train_key, eval_key, label in panels:
         series = {}
-        for i, r in enumerate(runs):
-            plots.add_run_curves(series, r.name, plots.color(i, len(runs)), r, key, f"eval/{key}")
+        for i, (r, name) in enumerate(zip(runs, labels)):
+            color = plots.color(i, len(runs))
+            plots.add_run_curves(series, name, color, r, train_key, eval_key)
         plots.curves(ax, series, title=label, xlabel="step", ylabel=label)
     png = plots.save(fig, out_dir / f"{STEM}-curves.png")
     return "\n".join(

@@ -1,4 +1,5 @@
-"""Write experiment reports from run folders: tables beside the paper's figures, and plots.
+"""Write experiment reports from run folders: tables and plots of our runs, and the paper's figures
+in their own tables and panels (in the paper's unit: its numbers are not comparable with ours).
 
     python scripts/report.py reproduce/runs/* --out reproduce
     python scripts/report.py outputs/2026-01-01/12-00-00 outputs/2026-01-02/09-30-00 --out report

@@ -36,6 +36,7 @@ def runs_table(records: list[RunRecord]) -> str:
         rows.append(
             [
                 f"`{r.name}`",
+                r.model if r.kind == "train" else "-",
                 r.scale or "-",
                 r.status,
                 steps_cell(r) if r.kind == "train" else "-",
@@ -44,7 +45,9 @@ def runs_table(records: list[RunRecord]) -> str:
                 f"`{r.commit}`",
             ]
         )
-    return table(["run", "scale", "status", "steps", "tokens seen", "device", "commit"], rows)
+    return table(
+        ["run", "model", "scale", "status", "steps", "tokens seen", "device", "commit"], rows
+    )
 
 
 def image(path_name: str, caption: str) -> str:

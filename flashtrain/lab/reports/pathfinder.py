@@ -7,9 +7,11 @@ from pathlib import Path
 
 from flashtrain import plots
 from flashtrain.data.pathfinder.dataset import split_ranges
+from flashtrain.lab.reports.labels import curve_labels, run_name, run_path
 from flashtrain.lab.reports.markdown import fmt, image, table
 from flashtrain.lab.reports.paper import LRA_MODELS, LRA_TASKS, paper_figure, paper_value
 from flashtrain.lab.reports.runs import RunRecord
+from flashtrain.train.metric_names import TRAIN_ACCURACY
 
 STEM = "pathfinder"
 TASK_NAMES = {
@@ -25,6 +27,10 @@ LRA_CONTOUR_LENGTH = 14  # the difficulty of LRA's Pathfinder and of the paper's
 
 def _task(record: RunRecord) -> str:
     return str(record.cfg("data.name", "?"))
+
+
+def _attention(record: RunRecord) -> str:
+    return str(record.cfg("attention.impl", "?"))
 
 
 def _task_label(record: RunRecord) -> str:
@@ -66,7 +72,9 @@ def _results(groups: dict[str, list[RunRecord]]) -> str:
         for r in group:
             impl = r.cfg("attention.impl", "?")
             evals = [e["eval/accuracy"] for e in r.evals if e.get("eval/accuracy") is not None]
-            train_acc = [row["accuracy"] for row in r.train if row.get("accuracy") is not None]
+            train_acc = [
+                row[TRAIN_ACCURACY] for row in r.train if row.get(TRAIN_ACCURACY) is not None
+            ]
             seq_len = r.cfg("seq_len")
             images = r.tokens_seen / seq_len if r.tokens_seen and seq_len else None
             rows.append(
@@ -98,12 +106,11 @@ def _accuracy_plot(groups: dict[str, list[RunRecord]], path: Path) -> Path:
     fig, axes = plots.panels(len(groups))
     for ax, (task, group) in zip(axes, groups.items()):
         series = {}
-        impls = [r.cfg("attention.impl", "?") for r in group]
-        for i, (r, impl) in enumerate(zip(group, impls)):
-            # Runs that share an attention (a control run beside the main one) go by name.
-            label = impl if impls.count(impl) == 1 else r.name
+        # Runs that share an attention (a control run beside the main one) go by name too.
+        labels = curve_labels(group, (_attention, run_name, run_path))
+        for i, (r, label) in enumerate(zip(group, labels)):
             color = plots.color(i, len(group))
-            plots.add_run_curves(series, label, color, r, "accuracy", "eval/accuracy")
+            plots.add_run_curves(series, label, color, r, TRAIN_ACCURACY, "eval/accuracy")
         plots.curves(
             ax,
             series,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from flashtrain.checkpoint.run_info import read_run_info
 from flashtrain.lab.experiments.spec import EXPERIMENT_NAMES
+from flashtrain.train.metric_names import TRAIN_TOKENS_SEEN, canonical_row
 
 METRICS_FILE = "metrics.jsonl"
 LAUNCH_FILE = "reproduce.json"
@@ -24,7 +25,8 @@ TILE_COUNTS = "tile-counts-cpu.md"
 
 
 def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
-    """(train rows, eval rows) of a metrics.jsonl, in step order. A resumed run logs again from
+    """(train rows, eval rows) of a metrics.jsonl, in step order, with today's metric names (an old
+    run's `loss` reads as `train/loss`: flashtrain/train/metric_names.py). A resumed run logs again from
     its checkpoint: a row whose step is not past the previous one drops what a crash left beyond
     that step. An unreadable line (a crash mid-write) is skipped."""
     train: list[dict] = []
@@ -36,6 +38,7 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
             continue
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             continue
+        row = canonical_row(row)
         step = row["step"]
         if any(key.startswith("eval/") for key in row):
             evals = [r for r in evals if r["step"] < step]
@@ -62,6 +65,19 @@ def _read_config(run_dir: Path) -> dict:
         return OmegaConf.to_container(cfg, resolve=False)
 
 
+def _read_model_choice(run_dir: Path) -> str | None:
+    """The model config the run was launched with ("llama-tiny"), from Hydra's record of the
+    defaults it chose; None when the folder has no .hydra/hydra.yaml."""
+    path = run_dir / ".hydra" / "hydra.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    # Not resolved: the rest of hydra.yaml interpolates Hydra's runtime, absent here.
+    choice = OmegaConf.select(OmegaConf.load(path), "hydra.runtime.choices.model", default=None)
+    return None if choice is None else str(choice)
+
+
 @dataclass
 class RunRecord:
     path: Path
@@ -70,6 +86,7 @@ class RunRecord:
     experiment: str
     scale: str | None = None
     data_choice: str | None = None
+    model_choice: str | None = None  # the model config chosen: "gpt2-tiny" (.hydra/hydra.yaml)
     config: dict = field(default_factory=dict)
     train: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
@@ -89,7 +106,17 @@ class RunRecord:
 
     @property
     def tokens_seen(self) -> float | None:
-        return self.train[-1].get("tokens_seen") if self.train else None
+        return self.train[-1].get(TRAIN_TOKENS_SEEN) if self.train else None
+
+    @property
+    def model(self) -> str:
+        """ "llama (llama-tiny)": the architecture and the model config chosen, either alone when
+        only one is known or they are the same word; "unknown" when neither was recorded."""
+        arch = self.cfg("model.arch")
+        choice = self.model_choice
+        if arch and choice and choice != arch:
+            return f"{arch} ({choice})"
+        return arch or choice or "unknown"
 
     @property
     def status(self) -> str:
@@ -155,6 +182,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         experiment="",
         scale=launch.get("scale"),
         data_choice=launch.get("data"),
+        model_choice=_read_model_choice(run_dir),
         config=_read_config(run_dir),
     )
     record.experiment = launch.get("experiment") or infer_experiment(kind, record.config)

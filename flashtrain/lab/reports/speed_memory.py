@@ -8,9 +8,17 @@ from pathlib import Path
 
 from flashtrain import plots
 from flashtrain.lab.bench import results as bench_results
+from flashtrain.lab.reports.labels import (
+    curve_labels,
+    label_every_x_value,
+    run_model,
+    run_name,
+    run_path,
+)
 from flashtrain.lab.reports.markdown import fmt, image, table
 from flashtrain.lab.reports.paper import paper_figure
 from flashtrain.lab.reports.runs import RunRecord
+from flashtrain.train.metric_names import STEP_TIME_S
 from flashtrain.train.metrics import peak_memory_gib
 
 STEM = "speed-memory"
@@ -117,17 +125,22 @@ def _bench_part(records: list[RunRecord], out_dir: Path) -> list[str]:
     return ["## Attention kernels (scripts/bench_attention.py)\n", *parts] if parts else []
 
 
+def _attention(record: RunRecord) -> str:
+    return str(record.cfg("attention.impl", "?"))
+
+
 def _step_points(records: list[RunRecord]) -> dict[str, list[tuple[int, float, float | None]]]:
-    """attention impl -> [(seq_len, step time s, peak memory GiB)] from each run's last interval
-    (the first interval includes warm-up)."""
+    """curve -> [(seq_len, step time s, peak memory GiB)] from each run's last interval (the first
+    interval includes warm-up). A curve is an attention impl, told apart by model (then by run)
+    where two runs share the impl and the length: every run keeps its point."""
+    runs = [r for r in records if r.kind == "train" and r.train]
+    parts = (_attention, run_model, run_name, run_path)
+    labels = curve_labels(runs, parts, x=lambda r: r.cfg("seq_len"))
     points: dict[str, list] = defaultdict(list)
-    for r in records:
-        if r.kind == "train" and r.train:
-            last = r.train[-1]
-            points[r.cfg("attention.impl", "?")].append(
-                (r.cfg("seq_len"), last.get("step_time_s"), peak_memory_gib(last))
-            )
-    return {impl: sorted(p) for impl, p in sorted(points.items())}
+    for r, label in zip(runs, labels):
+        last = r.train[-1]
+        points[label].append((r.cfg("seq_len"), last.get(STEP_TIME_S), peak_memory_gib(last)))
+    return {label: sorted(p) for label, p in sorted(points.items())}
 
 
 def _step_cell(step_s: float | None, memory_gib: float | None) -> str:
@@ -162,6 +175,7 @@ def _step_part(records: list[RunRecord], out_dir: Path) -> list[str]:
             logy=True,
             marker="o",
         )
+        label_every_x_value(ax, list(by_len))
     png = plots.save(fig, out_dir / f"{STEM}-step.png")
     return [
         "## Training step (train.py, one sequence per step)\n",

@@ -1,0 +1,161 @@
+"""A Hugging Face tokenizer folder, for data.tokenizer=hf:<folder or hub id>: found and read.
+
+    folder = tokenizer_folder("meta-llama/Llama-3.2-1B")   # or a local folder
+    backend = read_backend(folder)        # a `tokenizers` Tokenizer (tokenizer.json)
+    specials = special_tokens(folder)     # {"bos_id": "<|begin_of_text|>", "eos_id": ...}
+
+A local folder never touches the network. A hub id is the snapshot in the Hugging Face cache
+holding the tokenizer files (TOKENIZER_FILES, never weights): downloaded into the cache with
+huggingface_hub, or only read from it when HF_HUB_OFFLINE=1; not there is one line naming the id,
+HF_HUB_OFFLINE and a local folder. tokenizer.json is read with the `tokenizers` library (Llama-3's
+BPE; Llama-2 and Mistral folders ship one too); a folder with only SentencePiece's
+tokenizer.model is converted by transformers' AutoTokenizer (the `hf` extra and sentencepiece).
+The Tokenizer built from them is tokenization.HFFolderTokenizer (this module imports none of
+tokenization's, which builds every kind: no import circle).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from flashtrain.data import hub
+from flashtrain.typed_config import ConfigError
+
+HF_PREFIX = "hf:"
+TOKENIZER_JSON = "tokenizer.json"
+SENTENCEPIECE_MODEL = "tokenizer.model"
+# The files a tokenizer folder is read from, in the order its fingerprint hashes them; an
+# export ships the same ones.
+TOKENIZER_FILES = (
+    TOKENIZER_JSON,
+    SENTENCEPIECE_MODEL,
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+# Tokenizer attribute -> transformers' name of the special token in the config files.
+SPECIAL_KEYS = {"bos_id": "bos_token", "eos_id": "eos_token", "pad_id": "pad_token", "unk_id": "unk_token"}  # fmt: skip
+
+
+def is_hf_tokenizer(kind: str | None) -> bool:
+    """Whether a data.tokenizer value names a Hugging Face tokenizer (hf:<folder or hub id>)."""
+    return isinstance(kind, str) and kind.startswith(HF_PREFIX)
+
+
+def hf_reference(kind: str) -> str:
+    """The folder or hub id of `hf:<folder or hub id>`; a bare `hf:` is refused."""
+    ref = kind[len(HF_PREFIX) :].strip()
+    if not ref:
+        raise ValueError(
+            "data.tokenizer=hf: names no tokenizer; pass hf:<folder> (holding tokenizer.json "
+            "or tokenizer.model) or hf:<hub id>, e.g. hf:meta-llama/Llama-3.2-1B"
+        )
+    return ref
+
+
+def tokenizer_folder(ref: str) -> Path:
+    """The folder holding tokenizer `ref`'s files: a local folder as it is, or a hub id's
+    snapshot in the Hugging Face cache (its tokenizer files downloaded unless HF_HUB_OFFLINE).
+    A folder or hub model without tokenizer files is a FileNotFoundError."""
+    folder = find_tokenizer_folder(ref)
+    if folder is None:
+        raise FileNotFoundError(
+            f"data.tokenizer=hf:{ref}: it has no {TOKENIZER_JSON} or {SENTENCEPIECE_MODEL}"
+        )
+    return folder
+
+
+def find_tokenizer_folder(ref: str) -> Path | None:
+    """tokenizer_folder(ref), or None when `ref` is a folder or hub model without tokenizer
+    files (a byte-level run's export). A missing folder, and a hub id neither downloadable nor
+    cached, are one-line FileNotFoundErrors."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path if has_tokenizer(path) else None
+    if not hub.looks_like_hub_id(ref):
+        raise FileNotFoundError(
+            f"data.tokenizer=hf:{ref}: no such folder {path}, and {ref!r} is not a hub id"
+        )
+    return _hub_tokenizer(ref)
+
+
+def has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in (TOKENIZER_JSON, SENTENCEPIECE_MODEL))
+
+
+def _not_cached(repo_id: str) -> FileNotFoundError:
+    what = f"the tokenizer of the Hugging Face model '{repo_id}'"
+    return hub.not_cached_error(what, repo_id, TOKENIZER_FILES, "data.tokenizer")
+
+
+def _hub_tokenizer(repo_id: str) -> Path | None:
+    offline = hub.hub_offline()
+    what = f"the tokenizer of the Hugging Face model '{repo_id}'"
+    with hub.hub_errors_explained(what, repo_id, "data.tokenizer", TOKENIZER_FILES):
+        folder = hub.snapshot_files(repo_id, list(TOKENIZER_FILES), offline)
+    if has_tokenizer(folder):
+        return folder
+    if offline:  # a snapshot cached for the weights alone (model.init_from): not downloaded yet
+        raise _not_cached(repo_id)
+    return None  # the repository has no tokenizer files
+
+
+def check_tokenizer_source(data_cfg) -> Path | None:
+    """For a dry run: data.tokenizer=hf:<hub id> resolved from the cache (offline) or fetched
+    (tokenizer files only), hf:<folder> checked to hold a tokenizer; raises the one-line
+    FileNotFoundError a run would. None for the other kinds (nothing to check without building)."""
+    kind = getattr(data_cfg, "tokenizer", None)
+    if not is_hf_tokenizer(kind):
+        return None
+    return tokenizer_folder(hf_reference(kind))
+
+
+def tokenizer_files(folder: Path) -> tuple[Path, ...]:
+    """The folder's TOKENIZER_FILES that exist, in TOKENIZER_FILES order."""
+    return tuple(folder / name for name in TOKENIZER_FILES if (folder / name).is_file())
+
+
+def read_backend(folder: Path):
+    """The folder's tokenizer as a `tokenizers` Tokenizer: tokenizer.json as it is, else
+    tokenizer.model converted by transformers' AutoTokenizer (as from_pretrained would)."""
+    from tokenizers import Tokenizer as Backend
+
+    if (folder / TOKENIZER_JSON).is_file():
+        return Backend.from_file(str(folder / TOKENIZER_JSON))
+    missing = _missing_for_sentencepiece()
+    if missing:
+        raise ConfigError(  # a config this installation cannot run: a user error, exit 2
+            f"{folder} has only a SentencePiece {SENTENCEPIECE_MODEL} (no {TOKENIZER_JSON}); "
+            f'reading it needs {" and ".join(missing)}: pip install -e ".[hf]" sentencepiece'
+        )
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True).backend_tokenizer
+
+
+def _missing_for_sentencepiece() -> list[str]:
+    try:
+        from transformers.utils import is_sentencepiece_available
+    except ImportError:
+        return ["transformers", "sentencepiece"]
+    return [] if is_sentencepiece_available() else ["sentencepiece"]
+
+
+def special_tokens(folder: Path) -> dict[str, str]:
+    """{Tokenizer attribute: token} of bos / eos / pad / unk as the folder's
+    tokenizer_config.json names them (transformers' precedence), else its
+    special_tokens_map.json; a token neither names is absent (Llama has no pad)."""
+    found: dict[str, str] = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+        for attribute, key in SPECIAL_KEYS.items():
+            token = config.get(key)
+            if isinstance(token, dict):  # a serialised AddedToken
+                token = token.get("content")
+            if isinstance(token, str) and token and attribute not in found:
+                found[attribute] = token
+    return found

@@ -1,0 +1,57 @@
+"""The tokenizer a run starting from a Hugging Face checkpoint trains with by default: the
+checkpoint's own (model.init_from=hf:X on text data left on bytes)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from flashtrain.data.hf_tokenizer import HF_PREFIX, find_tokenizer_folder
+from flashtrain.data.hub import looks_like_hub_id
+from flashtrain.data.tokenization import load_hf_tokenizer
+from flashtrain.typed_config import ConfigError
+
+
+def tokenizer_from_init(cfg: DictConfig) -> DictConfig:
+    """model.init_from=hf:X on text data left on its byte default (data.tokenizer=byte, an
+    lm_corpus loader): when X has tokenizer files, the data is tokenized with them,
+    data.tokenizer=hf:X data.vocab_size=<its ids> (the model's vocab_size follows
+    ${data.vocab_size}); set in a copy of the config (the run's config.yaml shows it) and
+    logged. X without tokenizer files (a byte-level run's export) keeps bytes; X not found is
+    left to init_from's own error; a hub id neither downloadable nor cached is a ConfigError."""
+    init = OmegaConf.select(cfg, "model.init_from", default=None)
+    data = OmegaConf.select(cfg, "data", default=None)
+    if not (isinstance(init, str) and init.startswith(HF_PREFIX)) or data is None:
+        return cfg
+    if data.get("loader") != "lm_corpus" or data.get("tokenizer") != "byte":
+        return cfg
+    ref = init[len(HF_PREFIX) :]
+    if not Path(ref).expanduser().is_dir() and not looks_like_hub_id(ref):
+        return cfg  # init_from names the missing folder itself
+    try:
+        folder = find_tokenizer_folder(ref)
+    except FileNotFoundError as e:
+        raise ConfigError(
+            f"model.init_from={init} (its tokenizer is the data's default): {e}"
+        ) from None
+    if folder is None:
+        return cfg
+    tokenizer = load_hf_tokenizer(init)
+    cfg = copy.deepcopy(cfg)
+    cfg.data.tokenizer, cfg.data.vocab_size = init, tokenizer.vocab_size
+    _log_once(
+        f"model.init_from={init}: the text is tokenized with its tokenizer ({tokenizer.name}): "
+        f"data.tokenizer={init} data.vocab_size={tokenizer.vocab_size} (another data.tokenizer, "
+        "e.g. gpt2 or hf:<folder>, is kept)"
+    )
+    return cfg
+
+
+@functools.cache
+def _log_once(line: str) -> None:
+    """Once per process: the entry point and the trainer both validate the config."""
+    logging.getLogger("flashtrain").info("%s", line)
