@@ -66,5 +66,5 @@ def initial_weights(
     except (KeyError, ValueError) as e:
         message = e.args[0] if e.args else str(e)
         raise ValueError(message if message.startswith(what) else f"{what}: {message}") from e
-    log.info("%s: %s", what, report.summary())
+    log.info("%s", report.summary())
     return report

@@ -178,13 +178,15 @@ class FillReport:
     elements_read: int = 0  # of the source's tensors, by this rank
 
     def summary(self) -> str:
-        line = f"{len(self.read)} tensors read from {self.source}"
-        if self.resized:
-            line += f"; resized: {', '.join(self.resized)}"
+        """Where from, and the three counts always (a run's log is read for a zero too)."""
+        line = f"initial weights from {self.source}: {len(self.read)} tensors read"
+        line += f", {len(self.resized)} resized" + (
+            f" ({', '.join(self.resized)})" if self.resized else ""
+        )
+        line += f", {len(self.kept_fresh)} not in it (kept their fresh init)"
         if self.kept_fresh:
-            more = " ..." if len(self.kept_fresh) > 4 else ""
-            line += f"; {len(self.kept_fresh)} not in it keep their fresh init: "
-            line += ", ".join(self.kept_fresh[:4]) + more
+            more = ", ..." if len(self.kept_fresh) > 4 else ""
+            line += ": " + ", ".join(self.kept_fresh[:4]) + more
         return line
 
 

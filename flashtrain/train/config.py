@@ -10,6 +10,7 @@ fails on anything left, naming the key and the allowed ones, and checks the valu
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,6 +172,11 @@ class LoggerConfig:
 
     def __post_init__(self):
         check_choice(self.name, ("wandb", "tensorboard", "none"), "logger.name")
+        if self.name == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(  # at start, not after the model is built and the run folder made
+                "logger=tensorboard needs the tensorboard package: pip install tensorboard "
+                "(or logger=none: metrics.jsonl alone)"
+            )
         if self.mode is not None:
             check_choice(self.mode, ("online", "offline", "disabled"), "logger.mode")
 
@@ -327,7 +333,11 @@ class BatchPlan:
             ranks = f"{self.data_parallel} data-parallel groups of {self.context_parallel} ranks"
         micro = f"micro {self.micro_batch_size}"
         if self.micro_batch_reduced:
-            micro += f" (micro_batch_size={self.requested_micro_batch_size} does not divide it)"
+            share = self.micro_batch_size * self.grad_accum
+            micro += (
+                f" (micro_batch_size={self.requested_micro_batch_size} is the most; {share} "
+                "sequences per rank)"
+            )
         return f"{micro} x {ranks} x {self.grad_accum} accumulation"
 
 

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from flashtrain.train.distributed import local_ranks
+
 # Where Linux puts this process's CPU quota (a container's --cpus): cgroup v2's single file
 # "quota period" ("max period" = no quota), or cgroup v1's two files (quota -1 = none).
 CGROUP_V2_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
@@ -146,12 +148,6 @@ def measure_busy_cores(cores: float, seconds: float = BUSY_SAMPLE_S) -> float:
         return 0.0
     time.sleep(seconds)
     return busy_cores(cores, before, read_cpu_times())
-
-
-def local_ranks() -> int:
-    """Processes of this launch on this node (torchrun sets LOCAL_WORLD_SIZE): they share its
-    cores."""
-    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def projection_flops(micro_batch_size: int, seq_len: int, d_model: int) -> float:

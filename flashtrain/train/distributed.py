@@ -21,6 +21,12 @@ from flashtrain.train.config import ConfigError
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def local_ranks() -> int:
+    """Processes of this launch on this node (torchrun sets LOCAL_WORLD_SIZE): they share its
+    cores and its memory."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 @dataclass(frozen=True)
 class DistEnv:
     rank: int

@@ -43,7 +43,6 @@ Calibration (2026-11-27, this project's 2-core CPU machine, 24 GiB; peak RSS of
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,7 @@ from typing import Any
 
 from flashtrain.attention.torch_path import CHUNK
 from flashtrain.train.config import BatchPlan
+from flashtrain.train.distributed import local_ranks
 from flashtrain.train.memory_estimate import block_activation_bytes, estimate_memory, gib
 from flashtrain.typed_config import ConfigError
 
@@ -115,11 +115,6 @@ class HostAvailable:
 def _size(n_bytes: float) -> str:
     """GiB, or MiB below one (a tiny model's parts would all read 0.0 GiB)."""
     return gib(n_bytes) if n_bytes >= 2**30 else f"{n_bytes / MIB:.0f} MiB"
-
-
-def local_ranks() -> int:
-    """Processes of this launch on this node (torchrun sets LOCAL_WORLD_SIZE), sharing its RAM."""
-    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def attention_route(model_cfg: Any, attention_cfg: Any, precision: str) -> tuple[str, int]:

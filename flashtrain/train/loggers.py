@@ -17,8 +17,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flashtrain.typed_config import ConfigError
-
 log = logging.getLogger("flashtrain")
 
 TENSORBOARD_DIR = "tensorboard"  # in the run dir, unless logger.dir names another folder
@@ -96,13 +94,9 @@ class TensorBoardSink(MetricSink):
     flushed at each log call so that a running `tensorboard --logdir` sees every interval."""
 
     def __init__(self, log_dir: str | os.PathLike, *, resumed_from: int = 0):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # torch's module imports the tensorboard package
-            raise ConfigError(
-                "logger=tensorboard needs the tensorboard package: pip install tensorboard "
-                "(or logger=none: metrics.jsonl alone)"
-            ) from None
+        # needs the tensorboard package: LoggerConfig refuses logger=tensorboard without it
+        from torch.utils.tensorboard import SummaryWriter
+
         self.dir = Path(log_dir)
         # A resumed run logs again the steps after its checkpoint: purge_step hides what the
         # interrupted run had written past the checkpoint, as metrics.jsonl's readers do.

@@ -367,12 +367,19 @@ def _hf_folder(folder, cfg_dict: dict, seed: int):
     return hf
 
 
-def test_a_longer_transformers_table_gives_its_first_rows(tmp_path):
+def test_a_longer_transformers_table_gives_its_first_rows(tmp_path, caplog):
     """A transformers checkpoint run on a shorter context takes its first positions (as
     transformers does), where a torch state dict's would be interpolated."""
     hf = _hf_folder(tmp_path / "hf", {**GPT2_CFG, "max_seq_len": 24}, seed=31)
     model = _meta({**GPT2_CFG, "max_seq_len": 10})
-    report = initial_weights(model, f"hf:{tmp_path / 'hf'}", device="cpu")
+    with caplog.at_level("INFO", logger="flashtrain"):
+        report = initial_weights(model, f"hf:{tmp_path / 'hf'}", device="cpu")
+    # the log says where from, what was read, resized and kept fresh (0 too)
+    assert (
+        f"initial weights from hf:{tmp_path / 'hf'}: {len(dict(model.named_parameters()))} "
+        "tensors read, 1 resized "
+        "(wpe.weight [24, 16] -> [10, 16]), 0 not in it (kept their fresh init)"
+    ) in caplog.text
     table = hf["transformer.wpe.weight"]
     assert table.shape[0] == 24
     assert torch.equal(model.wpe.weight.detach(), table[:10])
@@ -395,6 +402,7 @@ def test_a_model_with_weights_keeps_those_the_source_lacks(tmp_path):
 
     kept = ["classifier.bias", "classifier.weight", "pooler.bias", "pooler.weight"]
     assert sorted(report.kept_fresh) == kept
+    assert ", 0 resized, 4 not in it (kept their fresh init): " in report.summary()
     got = model.state_dict()
     for key in kept:
         assert torch.equal(got[key], built[key]), key

@@ -14,10 +14,10 @@ from flashtrain.train.cpu_threads import (
     available_cores,
     busy_cores,
     choose_cpu_threads,
-    local_ranks,
     projection_flops,
     read_cpu_times,
 )
+from flashtrain.train.distributed import local_ranks
 
 LARGE = 10 * MIN_SPLIT_FLOPS
 SMALL = MIN_SPLIT_FLOPS / 10

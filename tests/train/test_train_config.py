@@ -225,7 +225,9 @@ def test_batch_plan():
     cfg = validate_config(compose(["experiment=cpu/tiny"]))  # global 8, micro 8
     plan = batch_plan(cfg, world_size=2)  # torchrun --nproc_per_node=2 train.py experiment=cpu/tiny
     assert (plan.micro_batch_size, plan.grad_accum, plan.global_batch_size) == (4, 1, 8)
-    assert "micro 4 (micro_batch_size=8 does not divide it)" in plan.split()
+    assert (
+        "micro 4 (micro_batch_size=8 is the most; 4 sequences per rank) x 2 ranks" in plan.split()
+    )
     plan = batch_plan(validate_config(compose(["global_batch_size=36", "micro_batch_size=8"])), 2)
     assert (plan.micro_batch_size, plan.grad_accum) == (6, 3)  # 18 per rank: 6 divides, 7/8 not
     plan = batch_plan(validate_config(compose(["global_batch_size=32", "micro_batch_size=8"])), 2)
