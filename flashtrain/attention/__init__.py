@@ -1,7 +1,7 @@
 """Public attention API: exact FlashAttention (dense, varlen, block-sparse) on Triton kernels,
 with flash-attn's function names and argument order, decoding against a KV cache
 (flash_attn_with_kvcache, split-KV), and ring attention for sequences split over
-the ranks of a process group."""
+the ranks of a process group (ring, Ulysses, or both)."""
 
 from flashtrain.attention import sparsity
 from flashtrain.attention.api import blocksparse_attn_func, flash_attn_func, flash_attn_varlen_func
@@ -15,6 +15,7 @@ from flashtrain.attention.packed import (
 from flashtrain.attention.padding import pad_input, unpad_input
 from flashtrain.attention.ring import ring_attn_func
 from flashtrain.attention.ring_sharding import shard_sequence, unshard_sequence
+from flashtrain.attention.ulysses import ulysses_attn_func
 
 __all__ = [
     "blocksparse_attn_func",
@@ -29,6 +30,7 @@ __all__ = [
     "ring_attn_func",
     "shard_sequence",
     "sparsity",
+    "ulysses_attn_func",
     "unpad_input",
     "unshard_sequence",
 ]

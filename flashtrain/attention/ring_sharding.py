@@ -6,6 +6,9 @@ zigzag:     2P equal chunks, rank r holds chunks r and 2P-1-r, in that order, so
 
 A rank's shard is its chunks concatenated in increasing position order; shard_positions gives
 the global position of each of its tokens (for rotary or learned position embeddings).
+
+Ulysses and hybrid context parallelism (flashtrain.attention.ulysses) cut each ring shard into
+U contiguous pieces, one per rank of a Ulysses group: take_cp_shard, cp_shard_positions.
 """
 
 from __future__ import annotations
@@ -182,3 +185,97 @@ def unshard_sequence(
         )
     group_rank_and_size(group)  # membership and initialization checks
     return _Unshard.apply(x_local, group, layout, dim)
+
+
+# ---- Context parallelism in general: Ulysses groups of U ranks inside a ring of R groups. ----
+#
+# A context-parallel group of P = R * U ranks numbers its ranks p = r * U + u (r: ring index,
+# u: index inside a Ulysses group of consecutive ranks). Rank p holds ring shard r of the
+# sequence (take_shard over R ranks in `layout`) cut into U equal contiguous pieces: piece u.
+# Ring attention alone is (R = P, U = 1), today's shard exactly; Ulysses alone is (R = 1, U = P),
+# contiguous piece p of the whole sequence whatever the layout; hybrid is anything between.
+
+
+def _check_cp_sizes(ring_size: int, ulysses_size: int) -> None:
+    for name, size in (("ring_size", ring_size), ("ulysses_size", ulysses_size)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {size!r}")
+
+
+def check_cp_sequence_length(
+    seq_len: int, ring_size: int, ulysses_size: int, layout: str, what: str
+) -> None:
+    """seq_len must split into R ring shards of U equal pieces: a multiple of
+    R * U * chunks_per_rank(layout) when R > 1, of U when R == 1 (no ring, no layout)."""
+    _check_cp_sizes(ring_size, ulysses_size)
+    per_rank = chunks_per_rank(layout)  # checks the layout's name even when R == 1
+    if ring_size == 1:
+        parts, rule = ulysses_size, f"U = {ulysses_size}"
+    else:
+        parts = ring_size * ulysses_size * per_rank
+        rule = f"R * U{' * 2' if per_rank == 2 else ''} = {parts}"
+    if seq_len % parts != 0:
+        raise ValueError(
+            f"{what} is {seq_len}, which R={ring_size} ring shards (layout={layout!r}) of "
+            f"U={ulysses_size} Ulysses pieces cannot split evenly: it must be a multiple of {rule}"
+        )
+
+
+def take_cp_shard(
+    x: torch.Tensor, dim: int, rank: int, ring_size: int, ulysses_size: int, layout: str
+) -> torch.Tensor:
+    """Context-parallel rank `rank`'s tokens of the full tensor x along dim, in its local order
+    (a new tensor): piece u = rank % U of ring shard r = rank // U (see above)."""
+    dim = _normalize_dim(x, dim)
+    check_cp_sequence_length(
+        x.shape[dim], ring_size, ulysses_size, layout, f"the length of dim {dim}"
+    )
+    if not 0 <= rank < ring_size * ulysses_size:
+        raise ValueError(
+            f"rank={rank} must be in [0, R * U = {ring_size * ulysses_size}) "
+            f"(R={ring_size}, U={ulysses_size})"
+        )
+    ring_rank, ulysses_rank = divmod(rank, ulysses_size)
+    ring_shard = x if ring_size == 1 else take_shard(x, dim, ring_rank, ring_size, layout)
+    piece = ring_shard.shape[dim] // ulysses_size
+    return ring_shard.narrow(dim, ulysses_rank * piece, piece).clone()
+
+
+def cp_shard_positions(
+    seq_len: int,
+    rank: int,
+    ring_size: int,
+    ulysses_size: int,
+    *,
+    layout: str = "zigzag",
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Global positions (int64, (seq_len / (R * U),)) of the tokens context-parallel rank
+    `rank` holds, in its local order (for rotary or learned position embeddings)."""
+    positions = torch.arange(seq_len, device=device)
+    return take_cp_shard(positions, 0, rank, ring_size, ulysses_size, layout)
+
+
+def cp_unshard(
+    shards: list[torch.Tensor], dim: int, ring_size: int, ulysses_size: int, layout: str
+) -> torch.Tensor:
+    """The full tensor from every rank's shard (shards[p] as take_cp_shard gives rank p's):
+    the inverse of take_cp_shard, on one process (tests, debugging)."""
+    _check_cp_sizes(ring_size, ulysses_size)
+    if len(shards) != ring_size * ulysses_size:
+        raise ValueError(
+            f"got {len(shards)} shards; R={ring_size} x U={ulysses_size} ranks need "
+            f"{ring_size * ulysses_size}"
+        )
+    dim = _normalize_dim(shards[0], dim)
+    u = ulysses_size
+    ring_shards = [torch.cat(shards[r * u : (r + 1) * u], dim) for r in range(ring_size)]
+    if ring_size == 1:
+        return ring_shards[0]
+    per_rank = chunks_per_rank(layout)
+    chunk = ring_shards[0].shape[dim] // per_rank
+    pieces = [None] * (ring_size * per_rank)  # global chunk index -> its tokens
+    for r, ring_shard in enumerate(ring_shards):
+        for slot, index in enumerate(rank_chunks(layout, r, ring_size)):
+            pieces[index] = ring_shard.narrow(dim, slot * chunk, chunk)
+    return torch.cat(pieces, dim)

@@ -360,6 +360,7 @@ ROUTE_ONLY_FIELDS = frozenset(
     {
         "recompute",
         "recompute_every",
+        "tile_tokens",  # how the MLP is computed (in tiles), not what
         "loss_impl",
         "loss_chunk_size",
         "init_from",

@@ -262,13 +262,17 @@ def launch_shape(s: AttentionShape) -> None:
 
 
 def preset_shapes() -> list[AttentionShape]:
-    """Every configs/experiment preset's attention call (the whole sequence, an upper bound for
-    context-parallel chunks), plus for every LM preset that could mask documents (no context
-    parallelism) the same tokens packed as 16-token documents: a varlen call's sequences."""
+    """Every configs/experiment preset's attention call (ring context parallelism: the whole
+    sequence, an upper bound for its chunks; Ulysses and hybrid: a rank's own call, its share of
+    the heads over the whole sequence or ring shard), plus for every LM preset that could mask
+    documents (no context parallelism) the same tokens packed as 16-token documents: a varlen
+    call's sequences."""
     from omegaconf import OmegaConf
 
+    from flashtrain.attention.ulysses import ulysses_kv_repeats
     from flashtrain.lab.bench.training import compose
     from flashtrain.lab.checkout import CONFIGS
+    from flashtrain.train.config import context_parallel_sizes
 
     shapes = []
     presets = CONFIGS / "experiment"
@@ -278,9 +282,15 @@ def preset_shapes() -> list[AttentionShape]:
         cfg = compose([f"experiment={name}"])
         model = OmegaConf.to_object(cfg.model)  # the model's config class: head_dim, causal
         causal = getattr(model, "causal", type(model).__name__ != "BertConfig")
-        heads_kv = getattr(model, "n_kv_head", None) or model.n_head
-        dims = (model.n_head, heads_kv, model.head_dim, causal)
-        shapes.append(AttentionShape(name, cfg.micro_batch_size, cfg.seq_len, *dims))
+        heads_q, heads_kv = model.n_head, getattr(model, "n_kv_head", None) or model.n_head
+        seqlen = cfg.seq_len
+        if cfg.trainer.context_parallel > 1 and cfg.trainer.context_parallel_mode != "ring":
+            ring, ulysses = context_parallel_sizes(cfg.trainer)
+            repeats = ulysses_kv_repeats(heads_q, heads_kv, ulysses)
+            heads_q, heads_kv = heads_q // ulysses, heads_kv * repeats // ulysses
+            seqlen //= ring
+        dims = (heads_q, heads_kv, model.head_dim, causal)
+        shapes.append(AttentionShape(name, cfg.micro_batch_size, seqlen, *dims))
         if causal and cfg.trainer.context_parallel == 1:  # a data.document_masking run
             tokens = cfg.micro_batch_size * cfg.seq_len
             shapes.append(AttentionShape(f"{name} 16-token documents", max(1, tokens // 16), 16,

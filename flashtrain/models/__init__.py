@@ -19,7 +19,6 @@ from flashtrain.models.attention_layers import (
     Attention,
     AttentionConfig,
     AttentionContext,
-    RingAttention,
     attention_config,
     build_attention,
 )
@@ -37,6 +36,7 @@ from flashtrain.models.llama import Llama
 from flashtrain.models.loss import linear_cross_entropy
 from flashtrain.models.positions import resize_positions
 from flashtrain.models.registry import ARCHS, MODEL_CONFIGS, MODELS, build_model, model_config
+from flashtrain.models.split_attention import RingAttention, UlyssesAttention
 from flashtrain.models.transformer import Block, ModelOutput, TransformerModel
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "SequenceClassifier",
     "TransformerConfig",
     "TransformerModel",
+    "UlyssesAttention",
     "attention_config",
     "build_attention",
     "build_model",

@@ -14,9 +14,9 @@ the attention probabilities is the call's `dropout_p` (fused inside our kernels)
     attention = build_attention(cfg)      # cfg: an AttentionConfig, or a mapping with `impl`
 
 Context parallelism is not a choice of the attention config: the trainer (trainer.context_parallel)
-builds `RingAttention(cfg, group=..., layout=...)` from the user's flash config, and the model
-takes that object in place of a config. Each rank then holds a shard of every sequence and the
-ring (flashtrain.attention.ring_attn_func) makes attention exact over the whole sequence.
+builds a RingAttention or UlyssesAttention (split_attention.py) from the user's flash config, and
+the model takes that object in place of a config. Each rank then holds a shard of every sequence
+and the op makes attention exact over the whole sequence.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
-import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
 from torch import nn
 
@@ -36,12 +34,10 @@ from flashtrain.attention import (
     flash_attn_func,
     flash_attn_varlen_func,
     pad_input,
-    ring_attn_func,
     sparsity,
     unpad_input,
 )
 from flashtrain.attention.reference import allowed_mask, attention_reference, fold_window
-from flashtrain.attention.ring_sharding import check_layout, group_rank_and_size
 from flashtrain.attention.validation import MAX_HEAD_DIM
 from flashtrain.typed_config import Registry, check_choice
 
@@ -89,6 +85,9 @@ class AttentionContext:
     Padded layout: hidden states (B, T, C), optional key_padding_mask (B, T) bool, True = real token.
     Packed layout (flash on a padded batch): hidden states (N, C) of the real tokens only, with
     cu_seqlens int32 (B + 1,) and max_seqlen.
+    Context parallelism with document masking: hidden states stay (B, T_local, C) (this rank's
+    shard) and `documents` is the WHOLE batch's document table (host ints, prefix sums over the
+    flattened (B * T) tokens, as one process would pass cu_seqlens), max_seqlen its longest.
     rotary: (cos, sin), each broadcastable against q (..., H, D/2), or None.
     window_size: (left, right) keys each query sees around itself, -1 = unbounded (flash-attn's
     sliding window); softcap > 0: scores s become softcap * tanh(s / softcap). Backends that
@@ -99,6 +98,7 @@ class AttentionContext:
     key_padding_mask: torch.Tensor | None = None
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int | None = None
+    documents: tuple[int, ...] | None = None
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None
     window_size: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
@@ -120,7 +120,7 @@ class Attention(nn.Module):
 
     Config: ClassVar[type[AttentionConfig]]
     runs_our_kernels: ClassVar[bool] = False  # the kernels' head_dim rule applies
-    splits_sequence: ClassVar[bool] = False  # each rank holds a shard of every sequence (ring)
+    splits_sequence: ClassVar[bool] = False  # each rank holds a shard of each sequence
     supports_window: ClassVar[bool] = False  # AttentionContext.window_size
     supports_softcap: ClassVar[bool] = False  # AttentionContext.softcap
 
@@ -210,72 +210,6 @@ class FlashAttention(Attention):
             out = flash_attn_varlen_func(qp, kp, vp, cu, cu, s, s, **options)
             return pad_input(out, indices, batch, seqlen)  # (B, T, H, D), zeros at padding
         return flash_attn_func(q, k, v, **options)
-
-
-class RingAttention(Attention):
-    """FlashAttention over sequences split across the ranks of a context-parallel process group:
-    q, k, v (B, T/P, H, D) are this rank's shard (layout zigzag or contiguous, see
-    flashtrain.attention.ring_sharding) and ring_attn_func makes the result exact over the whole
-    sequence. Built by the trainer from the user's flash config, never picked by impl.
-
-    Refused, naming the reason: padded batches (the ring has no key-padding mask), attention
-    dropout (the ring has none), other impls (block-sparse layouts and the sdpa / reference
-    baselines see the whole sequence at once).
-    """
-
-    Config = FlashAttentionConfig
-    runs_our_kernels = True
-    splits_sequence = True
-    NO_PADDING = (
-        "context parallelism (ring attention) has no key-padding mask: batches must be unpadded "
-        "(attention_mask all ones), as LM windows and Pathfinder images are"
-    )
-
-    def __init__(self, cfg: Any, *, group: dist.ProcessGroup | None, layout: str = "zigzag"):
-        cfg = attention_config(cfg)
-        if not isinstance(cfg, FlashAttentionConfig):
-            raise ValueError(
-                f"context parallelism runs ring attention on the flash kernels; attention impl "
-                f"{cfg.impl!r} cannot be split over ranks (block-sparse layouts and the sdpa / "
-                "reference baselines attend over the whole sequence at once): use attention=flash"
-            )
-        check_layout(layout)
-        super().__init__(cfg)
-        self.group, self.layout = group, layout
-        self.rank, self.size = group_rank_and_size(group)
-
-    def extra_repr(self) -> str:
-        return f"impl=flash, ring over {self.size} ranks, layout={self.layout}"
-
-    def describe(self) -> str:
-        return "context parallelism (ring attention)"
-
-    def check_model(self, config) -> None:
-        super().check_model(config)
-        if config.attn_dropout > 0:
-            raise ValueError(
-                f"context parallelism (ring attention) has no attention dropout: set "
-                f"model.attn_dropout=0 (got {config.attn_dropout}); model.dropout still applies"
-            )
-
-    def padded_context(self, x, mask, **ctx_kwargs):
-        raise ValueError(self.NO_PADDING)
-
-    def forward(self, q, k, v, ctx: AttentionContext, dropout_p: float = 0.0) -> torch.Tensor:
-        if ctx.packed or ctx.key_padding_mask is not None:
-            raise ValueError(self.NO_PADDING)
-        if dropout_p > 0.0:
-            raise ValueError("context parallelism (ring attention) has no attention dropout")
-        return ring_attn_func(q, k, v, group=self.group, causal=ctx.causal, layout=self.layout)
-
-    def sequence_mean(self, x: torch.Tensor) -> torch.Tensor:
-        """The mean over every rank's shard: a differentiable all-reduce of the local sums
-        (its backward sums every rank's gradient, as the shards' contributions to the mean)."""
-        if self.size == 1:
-            return super().sequence_mean(x)
-        group = self.group if self.group is not None else dist.group.WORLD
-        total = dist_nn.all_reduce(x.sum(dim=1), group=group)  # (B, C)
-        return total / (x.shape[1] * self.size)
 
 
 class BlockSparseAttention(Attention):

@@ -22,7 +22,7 @@ from flashtrain.typed_config import check_choice
 # the LM head's loss implementations (flashtrain.models.loss): auto = fused on CUDA, chunked elsewhere
 LOSS_IMPLS = ("auto", "fused", "chunked")
 
-RECOMPUTE_MODES = ("none", "all", "every_k")
+RECOMPUTE_MODES = ("none", "all", "every_k", "offload")
 ACTIVATIONS = ("gelu", "gelu_tanh")
 POSITION_RESIZE_MODES = ("interpolate", "copy")
 
@@ -50,7 +50,9 @@ class TransformerConfig:
     attn_dropout: float = 0.0  # attention probabilities, inside the kernel
     layer_norm_eps: float = 1e-5
     activation: str = "gelu_tanh"  # gelu | gelu_tanh
-    recompute: str = "none"  # none | all | every_k (torch.utils.checkpoint, non-reentrant)
+    # none | all | every_k | offload (torch.utils.checkpoint, non-reentrant, per block);
+    # offload: all, each block's input in host memory until its backward (models/offload.py)
+    recompute: str = "none"
     recompute_every: int = 1  # every_k: blocks 0, k, 2k, ... are recomputed
     # weights to start from (positions resized): a checkpoint folder, a torch file, hf:PATH_OR_ID;
     # read by flashtrain.checkpoint.initial_weights after the model is built, never by the model
@@ -238,6 +240,9 @@ class LlamaConfig(TransformerConfig):
     init_std: float = 0.02
     loss_impl: str = "auto"  # fused (Triton) | chunked (PyTorch) | auto: fused on CUDA
     loss_chunk_size: int = 2048
+    # > 0: each block's MLP half (norm, SwiGLU, residual) runs over at most this many tokens at a
+    # time, forward and backward (models/tiled.py); 0: off
+    tile_tokens: int = 0
 
     def __post_init__(self):
         for key, (default, instead) in _NOT_LLAMA.items():
@@ -281,10 +286,23 @@ class LlamaConfig(TransformerConfig):
             if cap is not None and not cap > 0:
                 raise ValueError(f"model.{key} must be > 0 or null (off), got {cap}")
         check_choice(self.loss_impl, LOSS_IMPLS, "model.loss_impl")
+        self._check_tile_tokens()
         if self.final_logit_softcap and self.loss_impl == "fused":
             raise ValueError(
                 "model.final_logit_softcap needs model.loss_impl=chunked (or auto): the fused "
                 "loss kernel has no logit softcap"
+            )
+
+    def _check_tile_tokens(self) -> None:
+        tile = self.tile_tokens
+        if not isinstance(tile, int) or isinstance(tile, bool) or tile < 0:
+            raise ValueError(f"model.tile_tokens must be an int >= 0 (0: off), got {tile!r}")
+        if tile and self.dropout > 0:
+            raise ValueError(
+                f"model.tile_tokens={tile} needs model.dropout=0 (got {self.dropout}): the tiled "
+                "MLP recomputes each tile in the backward and would need every tile's dropout "
+                "mask replayed; set model.dropout=0 (model.attn_dropout is allowed) or "
+                "model.tile_tokens=0"
             )
 
     @property

@@ -77,9 +77,7 @@ class GPT2(TransformerModel):
         only within itself."""
         batch, seqlen = input_ids.shape
         cfg = self.config
-        packed = cu_seqlens is not None
-        if packed and (position_ids is None or max_seqlen is None):
-            raise ValueError("cu_seqlens needs max_seqlen and position_ids (data/packing.py)")
+        packed, documents = self.document_fields(cu_seqlens, max_seqlen, position_ids)
         table_len = cfg.max_seq_len if self.wpe is not None else None
         pos = token_positions(input_ids, position_ids, table_len)  # (B, T) or (1, T)
         ids = input_ids
@@ -95,9 +93,7 @@ class GPT2(TransformerModel):
             )  # (B or 1, T, D/2) or (N, D/2)
             rotary = (cos[..., None, :], sin[..., None, :])  # (..., 1, D/2)
         x = self.drop(x)
-        ctx = AttentionContext(
-            causal=self.causal, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, rotary=rotary
-        )
+        ctx = AttentionContext(causal=self.causal, rotary=rotary, **documents)
         x = self.run_blocks(x, ctx)  # (B, T, C) or (N, C)
         return self.ln_f(x).view(batch, seqlen, -1)  # (B, T, C)
 

@@ -31,6 +31,7 @@ from flashtrain.models.config import LlamaConfig
 from flashtrain.models.loss import token_loss
 from flashtrain.models.positions import apply_rotary, token_positions
 from flashtrain.models.rotary import inverse_frequencies, rotary_cos_sin
+from flashtrain.models.tiled import tiled_mlp_residual
 from flashtrain.models.transformer import ModelOutput, TransformerModel
 
 
@@ -89,7 +90,9 @@ class GroupedQueryAttention(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    """x + attn(norm(x)), then x + mlp(norm(x))."""
+    """x + attn(norm(x)), then x + mlp(norm(x)); with tile_tokens > 0 and more tokens than that,
+    the second half runs over the tokens in tiles of tile_tokens, forward and backward (tiled.py:
+    no (tokens x d_ff) tensor exists whole)."""
 
     def __init__(self, cfg: LlamaConfig, attn_op: Attention):
         super().__init__()
@@ -98,9 +101,21 @@ class LlamaBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.d_ff)
         self.drop = nn.Dropout(cfg.dropout)
+        self.tile_tokens = cfg.tile_tokens  # 0: off (the config refuses it with dropout)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        x = x + self.drop(self.self_attn(self.input_layernorm(x), ctx))
+        x = x + self.drop(self.self_attn(self.input_layernorm(x), ctx))  # (B, T, C) or (N, C)
+        if self.tile_tokens and x.numel() // x.shape[-1] > self.tile_tokens:
+            norm, mlp = self.post_attention_layernorm, self.mlp
+            return tiled_mlp_residual(
+                x,
+                norm.weight,
+                mlp.gate_proj.weight,
+                mlp.up_proj.weight,
+                mlp.down_proj.weight,
+                eps=norm.eps,
+                tile_tokens=self.tile_tokens,
+            )
         return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -168,12 +183,12 @@ class Llama(TransformerModel):
         from the tensor, which on a GPU waits for it."""
         if not self.config.rope_scaling.depends_on_length:
             return None
+        if max_seqlen is not None:
+            return int(max_seqlen)
         if self.attn_op.splits_sequence:
             return input_ids.shape[1] * self.attn_op.size
         if position_ids is None:
             return input_ids.shape[1]
-        if max_seqlen is not None:
-            return int(max_seqlen)
         return int(position_ids.max()) + 1
 
     def rotary_tables(self, positions: torch.Tensor, seq_len: int | None = None):
@@ -197,12 +212,11 @@ class Llama(TransformerModel):
         context-parallel shard's global positions, or positions restarting per document).
         Document masking (cu_seqlens, max_seqlen, position_ids from data/packing.py): the rows'
         tokens run packed as (B * T, C) through the varlen kernel, each cu_seqlens sequence
-        attending only within itself."""
+        attending only within itself; under context parallelism cu_seqlens is the whole batch's
+        table (host ints) and the hidden states stay this rank's shard (document_fields)."""
         batch, seqlen = input_ids.shape
         cfg = self.config
-        packed = cu_seqlens is not None
-        if packed and (position_ids is None or max_seqlen is None):
-            raise ValueError("cu_seqlens needs max_seqlen and position_ids (data/packing.py)")
+        packed, documents = self.document_fields(cu_seqlens, max_seqlen, position_ids)
         pos = token_positions(input_ids, position_ids, None)  # (B, T) or (1, T)
         length = self._sequence_length(input_ids, position_ids, max_seqlen)
         ids = input_ids
@@ -212,8 +226,7 @@ class Llama(TransformerModel):
         cos, sin = self.rotary_tables(pos, length)  # (B or 1, T, D/2) or (N, D/2)
         ctx = AttentionContext(
             causal=self.causal,
-            cu_seqlens=cu_seqlens,
-            max_seqlen=max_seqlen,
+            **documents,
             rotary=(cos[..., None, :], sin[..., None, :]),  # (..., 1, D/2)
             window_size=(cfg.sliding_window - 1, 0) if cfg.sliding_window else (-1, -1),
             softcap=cfg.attn_logit_softcap or 0.0,

@@ -5,8 +5,9 @@ pre-LayerNorm (GPT-2, the classifier) or post-LayerNorm (BERT). A block takes hi
 padded (B, T, C) or packed (N, C) (the real tokens of a padded batch, for the varlen kernel): every
 layer but attention is per token, and attention reads the layout from the AttentionContext.
 
-TransformerModel: the base class of GPT2, Bert and SequenceClassifier: recomputation of whole blocks
-(none / all / every_k), parameter and FLOP counts, loading a checkpoint with shorter positional tables.
+TransformerModel: the base class of GPT2, Bert, SequenceClassifier and Llama: recomputation of whole
+blocks (none / all / every_k / offload: all, with the block inputs in host memory, offload.py),
+parameter and FLOP counts, loading a checkpoint with shorter positional tables.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from flashtrain.models.attention_layers import Attention, AttentionContext, build_attention
 from flashtrain.models.config import TransformerConfig
+from flashtrain.models.offload import BlockInputOffload
 from flashtrain.models.positions import apply_rotary, resize_position_tables
 from flashtrain.models.qkv import split_qkv_projection
 
@@ -111,6 +113,7 @@ class TransformerModel(nn.Module):
         self.config = config
         self.attn_op = build_attention(attention)  # one impl object shared by every block
         self.attn_op.check_model(config)
+        self.block_offload = BlockInputOffload()  # recompute=offload's host buffers, reused
 
     def add_blocks(self, norm: str) -> None:
         """Embedding dropout and the blocks, registered after the embeddings (parameter order)."""
@@ -134,17 +137,53 @@ class TransformerModel(nn.Module):
 
     def recomputes_block(self, i: int) -> bool:
         mode = self.config.recompute
-        return mode == "all" or (mode == "every_k" and i % self.config.recompute_every == 0)
+        if mode in ("all", "offload"):
+            return True
+        return mode == "every_k" and i % self.config.recompute_every == 0
 
     def run_blocks(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        """All blocks in order, recomputing the configured ones in the backward pass."""
+        """All blocks in order, recomputing the configured ones in the backward pass; with
+        recompute=offload every block's input but the last one's waits in host memory."""
         grad = torch.is_grad_enabled()
+        if grad and self.config.recompute == "offload":
+            return self._run_blocks_offloaded(x, ctx)
         for i, block in enumerate(self.blocks):
             if grad and self.recomputes_block(i):
                 x = checkpoint(block, x, ctx, use_reentrant=False)
             else:
                 x = block(x, ctx)
         return x
+
+    def _run_blocks_offloaded(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """recompute=all with checkpoint's saved block inputs moved to the host (offload.py)."""
+        forward = self.block_offload.forward_pass()
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            with forward.saving_input(x, to_host=i != last):  # the backward needs the last first
+                x = checkpoint(block, x, ctx, use_reentrant=False)
+        return x
+
+    # ---- document masking
+
+    def document_fields(self, cu_seqlens, max_seqlen, position_ids) -> tuple[bool, dict]:
+        """How a batch's documents (data/packing.py) reach attention: (packed, AttentionContext
+        fields). One process: the rows' tokens run packed as (N, C) through the varlen kernel.
+        Context parallelism: the hidden states stay this rank's (B, T_local, C) shard and the op
+        gets the whole batch's table as host ints (`documents`), which it plans its work from."""
+        if cu_seqlens is None:
+            return False, {}
+        if position_ids is None or max_seqlen is None:
+            raise ValueError("cu_seqlens needs max_seqlen and position_ids (data/packing.py)")
+        if not self.attn_op.splits_sequence:
+            return True, {"cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
+        if isinstance(cu_seqlens, torch.Tensor):
+            if cu_seqlens.device.type != "cpu":
+                raise ValueError(
+                    "under context parallelism cu_seqlens must stay on the host (a tuple of ints "
+                    "or a CPU tensor): each rank plans its attention from it without a device sync"
+                )
+            cu_seqlens = cu_seqlens.tolist()
+        return False, {"documents": tuple(int(c) for c in cu_seqlens), "max_seqlen": max_seqlen}
 
     # ---- padded batches
 

@@ -25,6 +25,7 @@ from flashtrain.models.attention_layers import AttentionConfig, attention_config
 from flashtrain.train.tokenizer_default import tokenizer_from_init
 from flashtrain.typed_config import ConfigError, check_choice, to_dataclass
 
+CP_MODES = ("ring", "ulysses", "hybrid")  # trainer.context_parallel_mode
 STRATEGIES = ("auto", "single", "ddp", "fsdp")  # auto: ddp under torchrun, else single
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on CPU
 DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -91,10 +92,17 @@ class TrainerConfig:
     cpu_threads: int | None = None
     dist_timeout_s: int = 1800
     deterministic: bool = False  # torch.use_deterministic_algorithms(True)
-    # Context parallelism: ranks that split each sequence (ring attention); data-parallel over
-    # world_size / context_parallel groups. 1 = off.
+    # Context parallelism: ranks that split each sequence; data-parallel over
+    # world_size / context_parallel groups. 1 = off. docs/context_parallel.md
     context_parallel: int = 1
-    cp_layout: str = "zigzag"  # zigzag (the same causal work on every rank) | contiguous
+    # ring: K/V travel round the ranks (any head count) | ulysses: an all-to-all to head shards
+    # (n_head a multiple of the ranks) | hybrid: Ulysses inside groups of ulysses_size ranks,
+    # the ring across the groups
+    context_parallel_mode: str = "ring"
+    ulysses_size: int | None = None  # hybrid: ranks per Ulysses group (a divisor, 1 < U < P)
+    cp_layout: str = (
+        "zigzag"  # the ring's split: zigzag (the same causal work per rank) | contiguous
+    )
     ddp: DDPConfig = field(default_factory=DDPConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
@@ -104,6 +112,7 @@ class TrainerConfig:
         check_choice(self.on_nonfinite, ("stop", "skip"), "trainer.on_nonfinite")
         check_choice(self.progress, ("auto", "bar", "lines", "none"), "trainer.progress")
         check_choice(self.cp_layout, LAYOUTS, "trainer.cp_layout")
+        check_choice(self.context_parallel_mode, CP_MODES, "trainer.context_parallel_mode")
         if isinstance(self.compile, str):  # a YAML / command-line bool arrives as a bool
             self.compile = {"true": True, "false": False}.get(self.compile.lower(), self.compile)
             if self.compile != "auto" and not isinstance(self.compile, bool):
@@ -119,6 +128,7 @@ class TrainerConfig:
             "keep_last",
             "prefetch_steps",
         )
+        context_parallel_sizes(self)  # the mode's group sizes, refused here when they cannot be
         if self.eval_batches is not None:
             _at_least(self, 1, "trainer", "eval_batches")
         if self.cpu_threads is not None:
@@ -240,11 +250,6 @@ def check_data_fits(cfg: TrainConfig) -> None:
                 f"data.document_masking=true needs attention=flash (the varlen kernel keeps "
                 f"attention inside each document), not {cfg.attention.impl}; pass "
                 f"data.document_masking=false to attend across documents"
-            )
-        if cfg.trainer.context_parallel > 1:
-            raise ValueError(
-                f"trainer.context_parallel={cfg.trainer.context_parallel} splits whole sequences "
-                f"and cannot split packed documents: pass data.document_masking=false"
             )
 
 
@@ -381,6 +386,32 @@ def batch_plan(cfg: TrainConfig, world_size: int, context_parallel: int = 1) -> 
     per_rank = gbs // data_parallel
     micro = max(d for d in range(1, min(mbs, per_rank) + 1) if per_rank % d == 0)
     return BatchPlan(seq_len, micro, world_size, per_rank // micro, context_parallel, mbs)
+
+
+def context_parallel_sizes(trainer: Any) -> tuple[int, int]:
+    """(ring ranks R, Ulysses ranks U) splitting each sequence, R * U = trainer.context_parallel:
+    ring (P, 1), ulysses (1, P), hybrid (P / ulysses_size, ulysses_size)."""
+    size, mode, ulysses = (
+        trainer.context_parallel,
+        trainer.context_parallel_mode,
+        trainer.ulysses_size,
+    )
+    where = f"trainer.context_parallel={size} with trainer.context_parallel_mode={mode}"
+    if mode == "hybrid":
+        allowed = [u for u in range(2, size) if size % u == 0]
+        if ulysses not in allowed:
+            hint = f"one of {allowed}" if allowed else "none: use ring or ulysses"
+            raise ValueError(
+                f"{where} needs trainer.ulysses_size, the ranks of each Ulysses group, a divisor "
+                f"of {size} between 2 and {size - 1} (got {ulysses}); allowed: {hint}"
+            )
+        return size // ulysses, ulysses
+    if ulysses is not None and ulysses != (size if mode == "ulysses" else 1):
+        raise ValueError(
+            f"trainer.ulysses_size={ulysses} applies to trainer.context_parallel_mode=hybrid only "
+            f"({where} uses {size if mode == 'ulysses' else 1}); leave it null"
+        )
+    return (1, size) if mode == "ulysses" else (size, 1)
 
 
 def check_context_parallel(context_parallel: int, world_size: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from flashtrain.train.activation_memory import ActivationPlan, layer_shapes
 from flashtrain.train.config import BatchPlan, batch_plan
 from flashtrain.train.context_parallel import (
     ContextParallel,
@@ -83,32 +84,55 @@ def estimate_precision(precision: str) -> str:
     return "bf16" if precision == "auto" else precision
 
 
+def activation_plan(
+    model: Any,
+    plan: BatchPlan,
+    cp: ContextParallel,
+    precision: str,
+    residual_bytes: int,
+    cpu_attention_rows: int = 0,
+) -> ActivationPlan:
+    """How a rank of `cp` runs a micro-batch of `plan` with `model`'s recomputation and tiling
+    (activation_memory.py), its matmuls in `precision`."""
+    cfg = model.config
+    return ActivationPlan(
+        tokens=plan.micro_batch_size * plan.seq_len // plan.context_parallel,
+        batch=plan.micro_batch_size,
+        act_bytes=_BYTES[precision],
+        residual_bytes=residual_bytes,
+        recompute=cfg.recompute,
+        recomputed=sum(model.recomputes_block(i) for i in range(cfg.n_layer)),
+        tile_tokens=getattr(cfg, "tile_tokens", 0),
+        mode=cp.mode if cp.enabled else "none",
+        ring_size=cp.ring_size,
+        ulysses_size=cp.ulysses_size,
+        dropout_masks=cfg.dropout > 0,
+        cpu_attention_rows=cpu_attention_rows,
+    )
+
+
 def memory_for(
-    model: Any, trainer_cfg: Any, plan: BatchPlan, strategy: str, precision: str
+    model: Any, trainer_cfg: Any, plan: BatchPlan, strategy: str, cp: ContextParallel
 ) -> MemoryEstimate:
     """The per-GPU memory estimate (memory_estimate.py) of `model` (built on the meta device is
-    enough) trained with this plan, strategy and trainer.precision (auto: a GPU's bf16)."""
-    cfg = model.config
-    precision = estimate_precision(precision)
-    act = _BYTES[precision]
+    enough) trained with this plan, strategy, context-parallel split and trainer.precision
+    (auto: a GPU's bf16)."""
+    precision = estimate_precision(trainer_cfg.precision)
     residual = 4  # the residual stream in the weights' dtype: fp32 under autocast
     if strategy == "fsdp":
         param = trainer_cfg.fsdp.param_dtype
         residual = _BYTES[precision if param == "auto" else param]
+    gathered = 0.0
+    if strategy == "fsdp":  # the block in hand and the one prefetched, and its fp32 gradients
+        block = sum(p.numel() for p in model.blocks[0].parameters())
+        gathered = block * (2 * residual + 4)
     return estimate_memory(
         params=model.num_parameters(),
-        n_layer=cfg.n_layer,
-        d_model=cfg.d_model,
-        d_ff=cfg.d_ff,
-        kv_dim=getattr(cfg, "kv_dim", cfg.d_model),
-        mlp_widths=model.mlp_widths,
-        tokens_per_gpu=plan.micro_batch_size * plan.seq_len // plan.context_parallel,
-        recomputed=sum(model.recomputes_block(i) for i in range(cfg.n_layer)),
+        shapes=layer_shapes(model),
+        plan=activation_plan(model, plan, cp, precision, residual),
         state_shards=plan.world_size if strategy == "fsdp" else 1,
-        act_bytes=act,
-        residual_bytes=residual,
-        dropout_masks=cfg.dropout > 0,
         precision=precision,
+        gathered=gathered,
     )
 
 
@@ -123,7 +147,7 @@ def dry_run_plan(
     """A dry run's memory estimate of `model` in `world`, and the summary's lines for it: the
     planned world first when it is not the `launched` one, the predicted GPU step time last.
     gpu_name: this process's GPU, or None (the prediction then assumes ASSUMED_GPU)."""
-    memory = memory_for(model, trainer_cfg, world.plan, world.strategy, trainer_cfg.precision)
+    memory = memory_for(model, trainer_cfg, world.plan, world.strategy, world.cp)
     assumed = assumed_world_line(launched, world.size, trainer_cfg.context_parallel)
     lines = memory_lines(memory, model, world.plan, world.strategy)
     lines.append(build_memory_line(build_memory_for(model, world.strategy, world.plan.world_size)))
@@ -167,20 +191,36 @@ def gpu_step_line(
     )
 
 
+GPUS_PER_NODE = 8  # the node the host-memory line is for (an H100 / H200 node)
+
+
 def memory_lines(m: MemoryEstimate, model: Any, plan: BatchPlan, strategy: str) -> list[str]:
     """The summary's lines for estimate `m` of `model` under this plan and strategy."""
     fsdp = strategy == "fsdp"
+    cfg = model.config
     shards = f" / {plan.world_size} FSDP2 shards" if fsdp else " (not sharded)"
     tokens = plan.micro_batch_size * plan.seq_len // plan.context_parallel
-    gathered = "FSDP2's gathered block weights, " if fsdp else ""
-    return [
+    tiled = getattr(cfg, "tile_tokens", 0)
+    how = f"model.recompute={cfg.recompute}" + (f", MLP tiles of {tiled:,} tokens" if tiled else "")
+    terms = ", ".join(f"{name} {gib(v)}" for name, v in m.terms.items() if v)
+    lines = [
         f"memory per GPU (estimate: {plan.world_size} GPUs, {strategy}, {m.precision}; "
         "arithmetic, not a measurement):",
         f"  weights + gradients + AdamW states: 16 B x {model.num_parameters():,} params"
         f"{shards} = {gib(m.states)}",
         f"  activations of a micro-batch ({tokens:,} tokens per GPU): {gib(m.activations)} "
-        f"with model.recompute={model.config.recompute}, {gib(m.activations_other)} with "
-        f"{m.other_recompute}",
-        f"  total: ~{gib(m.total)} (not counted: {gathered}the allocator's slack, the CUDA "
-        "context; the fused loss holds no logits)",
+        f"with {how} ({terms}); {gib(m.activations_other)} with {m.other_recompute}",
     ]
+    if fsdp:
+        lines.append(
+            f"  FSDP2's gathered blocks (in hand, prefetched, their gradients): {gib(m.gathered)}"
+        )
+    lines.append(f"  total: ~{gib(m.total)} (not counted: the allocator's slack, the CUDA context)")
+    if m.host_per_rank:
+        node = min(plan.world_size, GPUS_PER_NODE)
+        lines.append(
+            f"  host memory for offloaded block inputs: {gib(m.host_per_rank)} per GPU, "
+            f"{gib(m.host_per_rank * node)} per node of {node} GPUs (pinned; plus the "
+            "processes' own)"
+        )
+    return lines

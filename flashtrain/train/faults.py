@@ -94,8 +94,14 @@ def oom_advice(cfg: Any, device: torch.device, exc: BaseException | None = None)
             pass
     mbs = cfg.micro_batch_size
     hints = []
-    if cfg.model.recompute != "all":
+    if cfg.model.recompute not in ("all", "offload"):
         hints.append("model.recompute=all  (recompute each block in backward)")
+    elif cfg.model.recompute == "all" and device.type == "cuda":
+        hints.append(
+            "model.recompute=offload  (each block's input in host memory until its backward)"
+        )
+    if getattr(cfg.model, "tile_tokens", None) == 0 and cfg.model.dropout == 0:
+        hints.append("model.tile_tokens=16384  (the MLP over tiles of the sequence)")
     if mbs > 1:
         hints.append(
             f"micro_batch_size={max(1, mbs // 2)}  (gradient accumulation keeps the global batch)"

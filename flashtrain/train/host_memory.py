@@ -49,9 +49,15 @@ from pathlib import Path
 from typing import Any
 
 from flashtrain.attention.torch_path import CHUNK
+from flashtrain.train.activation_memory import (
+    ActivationPlan,
+    activation_memory,
+    block_bytes,
+    layer_shapes,
+)
 from flashtrain.train.config import BatchPlan
 from flashtrain.train.distributed import local_ranks
-from flashtrain.train.memory_estimate import block_activation_bytes, estimate_memory, gib
+from flashtrain.train.memory_estimate import STATE_BYTES_PER_PARAM, gib
 from flashtrain.typed_config import ConfigError
 
 MIB = 2**20
@@ -155,32 +161,32 @@ def estimate_host_peak(
         residual = _ACT_BYTES[cfg.trainer.fsdp.param_dtype]
     batch, seq = plan.micro_batch_size, plan.seq_len // plan.context_parallel
     tokens = batch * seq
-    kv_dim = getattr(m, "kv_dim", m.d_model)
-    per_gpu = estimate_memory(
-        params=params, n_layer=m.n_layer, d_model=m.d_model, d_ff=m.d_ff, kv_dim=kv_dim,
-        mlp_widths=model.mlp_widths, tokens_per_gpu=tokens,
-        recomputed=sum(model.recomputes_block(i) for i in range(m.n_layer)),
-        state_shards=plan.world_size if strategy == "fsdp" else 1, act_bytes=act,
-        residual_bytes=residual, dropout_masks=m.dropout > 0, precision=precision,
+    shapes = layer_shapes(model)
+    activation_plan = ActivationPlan(
+        tokens=tokens, batch=batch, act_bytes=act, residual_bytes=residual,
+        recompute=m.recompute, recomputed=sum(model.recomputes_block(i) for i in range(m.n_layer)),
+        tile_tokens=getattr(m, "tile_tokens", 0), dropout_masks=m.dropout > 0,
     )  # fmt: skip
-    block = block_activation_bytes(
-        m.d_model, m.d_ff, kv_dim=kv_dim, mlp_widths=model.mlp_widths, act_bytes=act,
-        residual_bytes=residual, dropout_masks=m.dropout > 0,
-    )  # fmt: skip
-    states = per_gpu.states
+    saved = activation_memory(shapes, activation_plan)
+    block = block_bytes(shapes, activation_plan)
+    # what the blocks keep (offloaded inputs are host memory here too) and one recomputed block
+    kept_by_blocks = saved.terms["saved blocks"] + saved.terms["block inputs"] + saved.host
+    if activation_plan.recomputed:
+        kept_by_blocks += block
+    states = STATE_BYTES_PER_PARAM * params / (plan.world_size if strategy == "fsdp" else 1)
     if strategy == "ddp" and plan.world_size > 1 and not cfg.trainer.ddp.gradient_as_bucket_view:
         states += 4.0 * params  # the buckets the gradients are copied into
     route, rows = attention_route(m, cfg.attention, precision)
     # one (B, H, S, S) float32 block of probabilities per block: the blocks a route keeps
     square = 4.0 * batch * m.n_head * seq * plan.seq_len
-    kept = SAVED_TO_RSS[precision] * per_gpu.activations
+    kept = SAVED_TO_RSS[precision] * kept_by_blocks
     activations = kept + (m.n_layer * square if route == "quadratic" else 0.0)
     return HostMemoryEstimate(
         states=states,
         activations=activations,
         working_set=max(
             _loss_working_set(m, tokens, act),
-            _backward_working_set(block * tokens, m, tokens, route, rows, batch, seq, square),
+            _backward_working_set(block, m, tokens, route, rows, batch, seq, square),
         ),  # fmt: skip
         baseline=float(PROCESS_BASELINE),
         ranks=local_ranks() if ranks is None else ranks,

@@ -5,59 +5,21 @@ Used by a dry run's summary (trainer.max_steps=0) and by the context-parallel sc
 
     states       16 bytes per parameter (fp32 weights and gradients, AdamW's two fp32 moments),
                  sharded over every rank by FSDP2, whole on every rank otherwise
-    activations  what the blocks keep for the backward pass of one micro-batch, per token:
-                 Korthikanti et al. 2022 ("Reducing Activation Recomputation") with the S x S
-                 terms gone (FlashAttention keeps O(S) per head: its output and log-sum-exp);
-                 a recomputed block keeps only its input, and one block's working set exists at
-                 a time while it is recomputed
-Not counted: the logits (the fused LM-head loss never holds them), FSDP2's gathered weights of
-the block in hand, the allocator's slack and the CUDA context.
+    activations  the peak of one micro-batch's forward and backward, term by term, with
+                 recomputation, offload, tiling and the context-parallel mode
+                 (activation_memory.py); offloaded block inputs are host memory, per rank
+Not counted: FSDP2's gathered weights of the block in hand, the allocator's slack and the CUDA
+context.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+
+from flashtrain.train.activation_memory import ActivationPlan, LayerShapes, activation_memory
 
 GIB = 2**30
 STATE_BYTES_PER_PARAM = 16  # fp32 weights + fp32 gradients + AdamW exp_avg + exp_avg_sq
-
-
-def block_activation_bytes(
-    d_model: int,
-    d_ff: int,
-    *,
-    kv_dim: int | None = None,
-    mlp_widths: int = 2,
-    act_bytes: int = 2,
-    residual_bytes: int = 2,
-    dropout_masks: bool = False,
-) -> float:
-    """Bytes per token one block keeps for its backward pass (no recomputation).
-
-    In act_bytes each (the matmuls' dtype): the attention's input, q, k and v (kv_dim wide each
-    with grouped-query attention), its output (also the out-projection's input), the MLP's input
-    and mlp_widths tensors d_ff wide (GELU: its input and output, 2; SwiGLU: gate, up, silu(gate)
-    and their product, 4). In residual_bytes: the two norms' inputs (the residual stream).
-    dropout_masks: one byte per element for the two residual-branch dropouts. A GPT-2 block in
-    16-bit with dropout is Korthikanti's 34 d (without the S x S terms)."""
-    kv = d_model if kv_dim is None else kv_dim
-    attention = act_bytes * (3 * d_model + 2 * kv)
-    mlp = act_bytes * (d_model + mlp_widths * d_ff)
-    norms = 2 * residual_bytes * d_model
-    masks = 2 * d_model if dropout_masks else 0
-    return attention + mlp + norms + masks
-
-
-def activation_bytes_per_token(
-    n_layer: int, d_model: int, block_bytes: float, recomputed: int, residual_bytes: int = 2
-) -> float:
-    """Summed over the layers: `recomputed` of the n_layer blocks keep only their input
-    (residual_bytes * d_model), the others their whole working set (block_bytes); with any
-    block recomputed, one block's working set on top (the one being recomputed)."""
-    if not 0 <= recomputed <= n_layer:
-        raise ValueError(f"recomputed={recomputed} blocks of {n_layer}")
-    kept = (n_layer - recomputed) * block_bytes + recomputed * residual_bytes * d_model
-    return kept + (block_bytes if recomputed else 0)
 
 
 @dataclass(frozen=True)
@@ -69,49 +31,42 @@ class MemoryEstimate:
     activations_other: float  # with the other choice (all <-> none)
     other_recompute: str  # what activations_other assumed: "all" or "none"
     precision: str = "bf16"  # the run's, which set the activations' bytes
+    host_per_rank: float = 0.0  # offloaded block inputs in host memory, per rank
+    terms: dict[str, float] = field(default_factory=dict)  # activations by term
+    gathered: float = 0.0  # FSDP2: the block in hand's gathered weights, the next one's, grads
 
     @property
     def total(self) -> float:
-        return self.states + self.activations
+        return self.states + self.activations + self.gathered
 
 
 def estimate_memory(
     *,
     params: int,
-    n_layer: int,
-    d_model: int,
-    d_ff: int,
-    kv_dim: int,
-    mlp_widths: int,
-    tokens_per_gpu: int,
-    recomputed: int,
+    shapes: LayerShapes,
+    plan: ActivationPlan,
     state_shards: int,
-    act_bytes: int,
-    residual_bytes: int,
-    dropout_masks: bool = False,
     precision: str = "bf16",
+    gathered: float = 0.0,
 ) -> MemoryEstimate:
-    """One GPU's memory for a micro-batch of tokens_per_gpu tokens (micro_batch_size x seq_len
-    / context_parallel), the states sharded over state_shards ranks (the world under FSDP2,
-    else 1), `recomputed` of the n_layer blocks recomputed."""
-    block = block_activation_bytes(
-        d_model, d_ff, kv_dim=kv_dim, mlp_widths=mlp_widths, act_bytes=act_bytes,
-        residual_bytes=residual_bytes, dropout_masks=dropout_masks,
-    )  # fmt: skip
-
-    def activations(blocks_recomputed: int) -> float:
-        per_token = activation_bytes_per_token(
-            n_layer, d_model, block, blocks_recomputed, residual_bytes
-        )
-        return per_token * tokens_per_gpu
-
-    other = 0 if recomputed else n_layer
+    """One GPU's memory for a micro-batch (plan.tokens tokens: micro_batch_size x seq_len /
+    context_parallel), the states sharded over state_shards ranks (the world under FSDP2, else
+    1); activations by activation_memory.activation_memory, and with the other choice of
+    recomputation (all <-> none) for comparison."""
+    mine = activation_memory(shapes, plan)
+    other_mode = "none" if plan.recomputed else "all"
+    other = replace(
+        plan, recompute=other_mode, recomputed=shapes.n_layer if plan.recomputed == 0 else 0
+    )
     return MemoryEstimate(
         states=STATE_BYTES_PER_PARAM * params / state_shards,
-        activations=activations(recomputed),
-        activations_other=activations(other),
-        other_recompute="none" if recomputed else "all",
+        activations=mine.device,
+        activations_other=activation_memory(shapes, other).device,
+        other_recompute=other_mode,
         precision=precision,
+        host_per_rank=mine.host,
+        terms=mine.terms,
+        gathered=gathered,
     )
 
 

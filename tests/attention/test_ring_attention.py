@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from attention_testing import random_qkv
-from ring_testing import Case, check_case, ring_groups, run_ranks
+from ring_testing import Case, check_case, ring_groups
+from spawn_testing import run_ranks
 
 from flashtrain.attention.reference import attention_reference
 from flashtrain.attention.ring import _merge

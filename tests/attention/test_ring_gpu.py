@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from ring_testing import Case, check_case, ring_groups, run_ranks
+from ring_testing import Case, check_case, ring_groups
+from spawn_testing import run_ranks
 
 pytestmark = [
     pytest.mark.gpu,

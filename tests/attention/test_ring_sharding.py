@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from ring_testing import ring_groups, run_ranks
+from ring_testing import ring_groups
+from spawn_testing import run_ranks
 
 from flashtrain.attention import ring_attn_func, shard_sequence, unshard_sequence
 from flashtrain.attention.ring_sharding import shard_positions

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from flashtrain.train.activation_memory import activation_bytes_per_token, block_activation_bytes
 from flashtrain.train.config import BatchPlan
 from flashtrain.train.dry_run import gpu_step_line, planned_world
-from flashtrain.train.memory_estimate import activation_bytes_per_token, block_activation_bytes
 
 
 @pytest.mark.parametrize(

@@ -211,15 +211,37 @@ def test_every_llama_preset_dry_runs(tmp_path, caplog):
 
 def test_the_8b_128k_estimate_by_hand(tmp_path):
     """llama/8b-128k on its 8 GPUs: FSDP2 over 8, bf16 weights in the blocks (FSDP2's
-    param_dtype), 16,384 tokens per GPU, every block recomputed. Per token a block keeps
-    2 B x (3 x 4096 + 2 x 1024) in attention, 2 B x (4096 + 4 x 14336) in the SwiGLU MLP and
-    2 x 2 B x 4096 of norm inputs = 167,936 B; recomputed, each of the 32 keeps its 2 x 4096 B
-    input, plus one block's working set."""
+    param_dtype), 16,384 tokens per GPU, ring attention, every block recomputed. Per token a
+    block keeps 2 x 4096 B of input, 2 B x (3 x 4096 + 2 x 1024) in attention, and in its MLP
+    half 2 x 4096 B of input and 2 B x (4096 + 4 x 14336) = 167,936 B; recomputed, each of the
+    32 keeps its 2 x 4096 B input. The peak is the last block's MLP backward: its 167,936 B, the
+    residual gradient in and out (2 x 2 x 4096 B) and two 14336-wide gradients (2 x 2 x 14336)."""
     cfg = compose(["experiment=llama/8b-128k", "trainer.max_steps=0", "logger=none"])
     memory = run(cfg, tmp_path / "run")["memory_per_gpu"]
     assert memory["states"] == 16 * 7_391_678_464 / 8
-    assert memory["activations"] == 16_384 * (32 * 2 * 4096 + 167_936)
-    assert memory["activations_other"] == 16_384 * 32 * 167_936  # recompute=none
+    mlp_backward = 167_936 + 2 * 2 * 4096 + 2 * 2 * 14336
+    assert memory["activations"] == 16_384 * (32 * 2 * 4096 + mlp_backward)
+    assert memory["terms"]["backward of a block's MLP"] == 16_384 * mlp_backward
+    block = 218_112_000  # one block's weights: 4096 x (2 x 4096 + 2 x 1024 + 3 x 14336) + norms
+    assert memory["gathered"] == 218_112_000 * (2 * 2 + 4) == block * 8
+    assert memory["host_per_rank"] == 0
+
+
+def test_the_4m_preset_plans_at_most_70_gib_per_gpu_and_states_its_host_memory(tmp_path, caplog):
+    """llama/8b-4m: 4,194,304 tokens on 8 GPUs (Ulysses 8, offload, MLP tiles), planned within
+    an H100's 80 GB with room to spare, and the host memory its offload needs, per node."""
+    caplog.set_level("INFO", logger="flashtrain")
+    cfg = compose(["experiment=llama/8b-4m", "trainer.max_steps=0", "logger=none"])
+    assert cfg.seq_len == 4 * 2**20 and cfg.trainer.context_parallel == 8
+    memory = run(cfg, tmp_path / "run")["memory_per_gpu"]
+    total = memory["states"] + memory["activations"] + memory["gathered"]
+    assert total <= 70 * 2**30, total / 2**30
+    per_token = 31 * 2 * 4096  # 31 of the 32 blocks' bf16 inputs, in pinned host memory
+    assert memory["host_per_rank"] == 524_288 * per_token
+    assert "host memory for offloaded block inputs: 124.0 GiB per GPU, 992.0 GiB per node" in (
+        caplog.text
+    )
+    assert "each sequence split over 8 ranks (Ulysses" in caplog.text
 
 
 def test_a_real_run_still_needs_the_world(tmp_path):

@@ -77,7 +77,7 @@ def test_every_preset_composes(name):
     assert cfg.model.max_seq_len == cfg.seq_len
     # the paper-scale presets are 8-GPU runs; the lab's tiny/gpu scales run on one device
     multi_gpu = name.startswith(("owt/", "pathx/", "path256/", "llama/", "bert/large"))
-    plan = batch_plan(cfg, world_size=8 if multi_gpu else 1)
+    plan = batch_plan(cfg, 8 if multi_gpu else 1, cfg.trainer.context_parallel)
     assert plan.global_batch_size * cfg.seq_len == plan.tokens_per_step
     if name.startswith("owt/gpt2s-"):
         k = int(name.split("-")[-1].rstrip("k"))

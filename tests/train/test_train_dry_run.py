@@ -63,9 +63,9 @@ CONFIG_ONLY_REFUSALS = {
         ["data=openwebtext", "attention=sdpa"],
         "data.document_masking=true needs attention=flash",
     ),
-    "document masking cannot be split": (
-        ["data=openwebtext", "trainer.context_parallel=2"],
-        "cannot split packed documents",
+    "hybrid context parallelism needs its Ulysses size": (
+        ["trainer.context_parallel=2", "trainer.context_parallel_mode=hybrid"],
+        "needs trainer.ulysses_size",
     ),
     "model vocabulary too small": (
         ["data=synthetic", "model.vocab_size=10"],

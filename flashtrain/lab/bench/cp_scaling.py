@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from flashtrain.train import memory_estimate
+from flashtrain.train import activation_memory
 from flashtrain.train.memory_estimate import GIB, STATE_BYTES_PER_PARAM
 
 
@@ -42,13 +42,15 @@ CLUSTERS = (
 
 
 def activation_bytes_per_token(model: Model, recompute: bool) -> float:
-    """Per token, summed over layers, bf16 (flashtrain/train/memory_estimate.py, the trainer's
+    """Per token, summed over layers, bf16 (flashtrain/train/activation_memory.py, the trainer's
     dry-run estimate): without recomputation a GPT-2 block keeps 34 d bytes per token
     (Korthikanti et al. 2022, with FlashAttention's S x S term gone); with full recomputation
     only each block's input (2 d bytes) plus one block's working set."""
     d, layers = model.d_model, model.n_layer
-    block = memory_estimate.block_activation_bytes(d, 4 * d, dropout_masks=True)  # 34 d
-    return memory_estimate.activation_bytes_per_token(layers, d, block, layers if recompute else 0)
+    block = activation_memory.block_activation_bytes(d, 4 * d, dropout_masks=True)  # 34 d
+    return activation_memory.activation_bytes_per_token(
+        layers, d, block, layers if recompute else 0
+    )
 
 
 def max_context(model: Model, cluster: Cluster, memory_gib: float, recompute: bool) -> int:

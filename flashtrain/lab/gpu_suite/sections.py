@@ -12,6 +12,9 @@ the first launch of each shape it will time, on a thread pool), then measures.
                  (the only FlexAttention compile of the suite)
     training     GPT-2 small at 1K through the trainer, compiled, flash vs sdpa: tokens/s and MFU
     long         64K tokens fwd+bwd: time and peak memory
+    longctx      one rank of a P = 8 context-parallel group: Llama-3-8B-shaped layers at 128K and
+                 256K tokens per GPU, ring / ulysses / hybrid 2x4, offload + tiled vs recompute=all:
+                 tokens/s and peak memory, communication not measured (bench/long_context.py)
     llama        Llama ~125M (GQA, rotary) at 16K and 1K through the trainer, eager, flash vs sdpa
     decode       one decode step against a 4K-64K KV cache: flash_attn_with_kvcache (split-KV and one
                  split), flash_attn_func on the cache, SDPA (Llama-3-8B's heads, bf16)
@@ -41,6 +44,8 @@ from flashtrain.lab.bench import (
     baselines,
     correctness,
     decode,
+    long_context,
+    long_context_plan,
     measure,
     results,
     tile_sweep,
@@ -81,13 +86,15 @@ class Sizes:
     decode_lens: tuple[int, ...]  # KV cache tokens
     sweep_seqlen: int
     rep: int
+    # longctx: P ranks, tile_tokens of its tiled rows, tokens per GPU (long_context_plan.suite_rows)
+    longctx: tuple[int, int, tuple[int, ...]] = (8, 16384, (131072, 262144))
 
     @classmethod
     def for_run(cls, dry: bool, rep: int) -> Sizes:
         if dry:  # toys on CPU: the code paths, no figure
             return cls(torch.float32, (32, 16), (64, 128), 256, 64, (256, 64, 1), 256, 8,
                        (1, 256, 2, 16), 64, 6, False, (64,), 6, (1, 4, 2, 16), (64, 256), 64,
-                       2)  # fmt: skip
+                       2, longctx=(4, 32, (64, 128)))  # fmt: skip
         return cls(torch.bfloat16, (128, 64), (4096, 16384), 16384, 2048, (16384, 128, 8), 8192,
                    1024, (1, 65536, 16, 128), 1024, 20, True, (16384, 1024), 12,
                    (1, 32, 8, 128), (4096, 16384, 65536, 8192, 32768), 4096, rep)  # fmt: skip
@@ -427,6 +434,48 @@ def section_decode(suite: Suite, sec: Section) -> None:
         _free_cuda()
 
 
+# ---- long context by context-parallel mode -------------------------------------------------------
+
+
+def section_longctx(suite: Suite, sec: Section) -> None:
+    """One rank's Llama-3-8B-shaped layers (toys in the dry run) per context-parallel mode,
+    through flashtrain.lab.bench.long_context: each row one timed forward + backward after the
+    compile phase's small launch of its mode. A row whose time, estimated from its FLOPs at the
+    rate measured so far, exceeds what is left of the section's share is recorded as skipped
+    (budget), with its estimate in data["estimates"]."""
+    ranks, tile, tokens = suite.sizes.longctx
+    shape = long_context_plan.DRY_SHAPE if suite.dry else long_context_plan.LLAMA3_8B
+    device, dtype = torch.device(suite.device), suite.sizes.dtype
+    specs = long_context_plan.suite_rows(ranks, tokens, tile)
+    sec.plan([s.name for s in specs])
+    small = min(min(tokens), 2048)
+    modes = list(dict.fromkeys(s.mode for s in specs))
+
+    def launch_modes() -> None:  # one after another: each plays a rank of its own fake group
+        for mode in modes:
+            long_context.launch_once(mode, small, shape, device, dtype)
+
+    sec.compile({f"longctx {len(modes)} modes T={small}": launch_modes}, workers=1)
+    pace = long_context.Pace(assumed_tflops=300.0, setup_s=0.0 if suite.dry else 2.0)
+    for spec in specs:
+        estimate = pace.estimate(spec, shape, "zigzag", calls=1)
+        left = sec.deadline - time.monotonic()
+        if not sec.why_not() and estimate > left:
+            sec.data["measured"][spec.name] = "skipped: budget (estimated over the time left)"
+            sec.data.setdefault("estimates", {})[spec.name] = {
+                "estimated_s": round(estimate, 1), "left_s": round(left, 1),
+                "tflops": round(pace.tflops, 1)}  # fmt: skip
+            suite.record.save()
+            continue
+        row = sec.measure(spec.name, lambda spec=spec: long_context.measure_row(
+            spec, shape, device, dtype, warmup=0, rep=1))  # fmt: skip
+        if row:
+            pace.observe(row)
+            ms, peak = row.get("ms_per_layer"), row.get("peak_gib")
+            print(f"  {spec.name}: " + (f"{ms:.1f} ms/layer" if ms else row["note"])
+                  + (f", peak {peak:.1f} GiB" if peak else ""), flush=True)  # fmt: skip
+
+
 # ---- sweep -------------------------------------------------------------------------------------
 
 
@@ -532,6 +581,7 @@ SECTIONS = {
     "attention": section_attention,
     "training": section_training,
     "long": section_long,
+    "longctx": section_longctx,
     "llama": section_llama,
     "decode": section_decode,
     "sweep": section_sweep,

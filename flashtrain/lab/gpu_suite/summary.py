@@ -4,6 +4,7 @@ every measurement (the targets are derived here, from the attention rows and the
 from __future__ import annotations
 
 from flashtrain.lab.bench import results
+from flashtrain.lab.bench.long_context_report import NOT_MEASURED, markdown_rows
 from flashtrain.lab.gpu_suite.targets import target_ratios
 
 DRY = ", DRY RUN (toy sizes on CPU, no figure is a measurement)"
@@ -92,6 +93,13 @@ def _long(sec: dict) -> list[str]:
     return lines
 
 
+def _longctx(sec: dict) -> list[str]:
+    lines = ["", f"## Long context by context-parallel mode ({NOT_MEASURED})", ""]
+    lines += markdown_rows(sec.get("rows", []))
+    return lines + [f"- {name}: skipped, estimated {e['estimated_s']} s at {e['tflops']} TFLOP/s, "
+                    f"{e['left_s']} s left" for name, e in sec.get("estimates", {}).items()]  # fmt: skip
+
+
 def _decode(sec: dict) -> list[str]:
     lines = ["", "## Decode step (one query row per sequence)", "",
              "| cache tokens | method | time (us) | max diff vs kvcache |", "|---|---|---|---|"]  # fmt: skip
@@ -144,6 +152,8 @@ def summary_markdown(state: dict) -> str:
         lines += _training(sections["training"], "GPT-2 training")
     if "long" in sections:
         lines += _long(sections["long"])
+    if "longctx" in sections:
+        lines += _longctx(sections["longctx"])
     if "llama" in sections:
         lines += _training(sections["llama"], "Llama training")
     if "decode" in sections:
