@@ -1,24 +1,24 @@
 """What one rank holds for a micro-batch's activations, term by term, with recomputation,
 activation offload, sequence-tiled layers and each context-parallel mode; and what offload puts
 in host memory. Arithmetic from the shapes, not a measurement: calibrated against measured peaks
-on CPU (tests/train/test_memory_calibration.py: every mode within +-15%).
+on CPU (tests/train/test_context_parallel_modes.py: each mode on 4 ranks within +-15%; measured
+0.93x-1.05x of the plan).
 
-The peak is the backward of the last block: everything below exists at once then.
-
-    saved blocks          blocks not recomputed keep their whole working set
-                          (memory_estimate.block_activation_bytes; a tiled MLP keeps its input only)
-    block inputs          recomputed blocks keep their input (the residual stream, (t, C));
-                          offload keeps the last block's on the device, the others on the host
-    recomputed block      the working set of the block being recomputed (one at a time)
-    backward transients   the gradients being made: of the MLP's intermediates (3 (t, d_ff) at
-                          once, or a tile's), of q, k, v; the incoming and outgoing residual grads
-    context parallel      ring: float32 dq and the dK/dV pair travelling, the K/V pair;
-                          ulysses: the all-to-all's send and receive buffers of q, k, v and out;
-                          hybrid: both (the ring runs on head shards of U times the tokens)
-    embeddings and head   the embedding's output, the final norm's input and output, the loss's
-                          (chunk, vocab) float32 logits and their gradient
-    attention working set the CPU's PyTorch path only: (B, H, rows, S_keys) float32 blocks
-                          (the GPU kernels keep theirs on chip)
+    saved blocks      blocks not recomputed keep their working set (block_bytes: the attention
+                      half's input, normed input, q, k, v and output; the MLP half's input, and
+                      untiled its normed input and d_ff-wide intermediates)
+    block inputs      recomputed blocks keep their input (the residual stream, (t, C)); offload
+                      keeps the last block's on the device (and fetches the next one ahead), the
+                      others on the host
+    the peak moment   the largest of: the last block's MLP backward (its recomputed tensors, the
+                      residual gradient in and out, two d_ff-wide gradients of the rows in hand:
+                      all tokens, or a tile); its attention backward (the MLP half freed; dout,
+                      dq, dk, dv and the mode's own buffers: the ring's float32 dq, K/V pair and
+                      float32 dK/dV pair; Ulysses' head-shard gradients and the send and receive
+                      buffers of its largest all-to-all; hybrid the larger of the two); the loss
+                      at the end of the forward (the final norm, a chunk of float32 logits)
+Attention's own working set is the kernels' (on chip on a GPU; the CPU's O(S) PyTorch path in
+the calibration).
 """
 
 from __future__ import annotations
@@ -96,7 +96,6 @@ class ActivationPlan:
     ring_size: int = 1
     ulysses_size: int = 1
     dropout_masks: bool = False
-    cpu_attention_rows: int = 0  # the CPU PyTorch path's query rows per block, 0: none (GPU)
 
 
 @dataclass(frozen=True)
@@ -168,15 +167,6 @@ def _attention_backward(s: LayerShapes, p: ActivationPlan) -> float:
     return max(kernel, alltoall)
 
 
-def _cpu_attention(s: LayerShapes, p: ActivationPlan) -> float:
-    """The PyTorch CPU path's blocks: scores, probabilities and their gradients, float32."""
-    if not p.cpu_attention_rows:
-        return 0.0
-    keys = p.tokens * _heads_split(p) // p.batch // (p.ring_size if p.mode == "hybrid" else 1)
-    heads = s.n_head // _heads_split(p)
-    return 5 * 4.0 * p.batch * heads * min(p.cpu_attention_rows, keys) * keys
-
-
 def activation_memory(s: LayerShapes, p: ActivationPlan) -> ActivationMemory:
     """The device's activation peak of one micro-batch by term, and the host's bytes: the
     largest of three moments: the loss (the end of the forward), the last block's MLP backward
@@ -200,7 +190,7 @@ def activation_memory(s: LayerShapes, p: ActivationPlan) -> ActivationMemory:
     # the attention's: the MLP half is gone; the residual gradient, dout, dq, dk, dv, the op's
     attention_moment = (
         in_backward - (_mlp_half(s, p) if p.recomputed else 0.0)
-        + t * width * r + _attention_backward(s, p) + _cpu_attention(s, p)
+        + t * width * r + _attention_backward(s, p)
     )  # fmt: skip
     loss_moment = t * width * (r + a) + 2 * 4.0 * min(s.loss_chunk, t) * s.vocab
     moments = {

@@ -90,7 +90,6 @@ def activation_plan(
     cp: ContextParallel,
     precision: str,
     residual_bytes: int,
-    cpu_attention_rows: int = 0,
 ) -> ActivationPlan:
     """How a rank of `cp` runs a micro-batch of `plan` with `model`'s recomputation and tiling
     (activation_memory.py), its matmuls in `precision`."""
@@ -107,7 +106,6 @@ def activation_plan(
         ring_size=cp.ring_size,
         ulysses_size=cp.ulysses_size,
         dropout_masks=cfg.dropout > 0,
-        cpu_attention_rows=cpu_attention_rows,
     )
 
 
