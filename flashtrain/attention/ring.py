@@ -336,11 +336,7 @@ def ring_attn_func(
     """
     validation.check_qkv(q, k, v)
     validation.check_scale(softmax_scale)
-    if q.shape[1] != k.shape[1]:
-        raise ValueError(
-            f"q has {q.shape[1]} tokens and k/v {k.shape[1]}: ring attention takes shards of one "
-            "sequence, so seqlen_q must equal seqlen_k"
-        )
+    validation.check_split_sequence(q, k, "ring attention")
     per_rank = chunks_per_rank(layout)  # checks the layout's name
     if q.shape[1] % per_rank != 0:
         raise ValueError(

@@ -186,11 +186,7 @@ def ulysses_attn_func(
     """
     validation.check_qkv(q, k, v)
     validation.check_scale(softmax_scale)
-    if q.shape[1] != k.shape[1]:
-        raise ValueError(
-            f"q has {q.shape[1]} tokens and k/v {k.shape[1]}: Ulysses attention takes pieces of "
-            "one sequence, so seqlen_q must equal seqlen_k"
-        )
+    validation.check_split_sequence(q, k, "Ulysses attention")
     _, size = group_rank_and_size(group)
     ring_size = 1 if ring_group is None else group_rank_and_size(ring_group)[1]
     if dist.is_initialized() and size * ring_size > dist.get_world_size():

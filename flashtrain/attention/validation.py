@@ -57,6 +57,16 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool
     check_int32_limits(q, k, v, packed=packed)
 
 
+def check_split_sequence(q: torch.Tensor, k: torch.Tensor, what: str) -> None:
+    """Context-parallel ops (ring, Ulysses) take this rank's tokens of one sequence for q, k, v
+    alike: seqlen_q must equal seqlen_k. what: the op, for the message."""
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(
+            f"q has {q.shape[1]} tokens and k/v {k.shape[1]}: {what} takes this rank's tokens "
+            "of one sequence, so seqlen_q must equal seqlen_k"
+        )
+
+
 def check_int32_limits(q, k, v, *, packed: bool) -> None:
     """Sizes and strides the kernels' int32 arithmetic covers (MAX_SEQLEN, MAX_ROW_STRIDE);
     reads shapes and strides only, so meta tensors are checked too."""

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 
 from flashtrain.attention import ring_attn_func
-from flashtrain.attention.ring_sharding import check_layout
+from flashtrain.attention.ring_sharding import check_layout, group_rank_and_size
 from flashtrain.attention.ulysses import ulysses_attn_func
 from flashtrain.models.attention_layers import (
     Attention,
@@ -114,8 +114,6 @@ class RingAttention(SplitSequenceAttention):
     mode = "ring"
 
     def __init__(self, cfg: Any, *, group: dist.ProcessGroup | None, layout: str = "zigzag"):
-        from flashtrain.attention.ring_sharding import group_rank_and_size
-
         rank, size = group_rank_and_size(group)
         super().__init__(cfg, layout=layout, sequence_group=group, ring_size=size,
                          ulysses_size=1, rank=rank)  # fmt: skip
