@@ -23,13 +23,20 @@ from flashtrain.kernels.common import (
     tile_grid,
 )
 from flashtrain.kernels.dropout import seed_args
+from flashtrain.kernels.hopper.route import ws_backward_blocker
 from flashtrain.kernels.flash_bwd_dkdv import flash_backward_dkdv_kernel
 from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
 from flashtrain.kernels.launch_args import call_shapes, score_args, sparse_args
 from flashtrain.kernels.program import head_rows
 from flashtrain.kernels.scratch import provide_scratch_allocator
 from flashtrain.kernels.tma import reduces_through_descriptors, use_descriptors
-from flashtrain.kernels.tuning import atomic_dq_exact, config, launch_fitted, split_group
+from flashtrain.kernels.tuning import (
+    atomic_dq_exact,
+    builtin_config,
+    config,
+    launch_fitted,
+    split_group,
+)
 
 
 @triton.jit
@@ -78,6 +85,14 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
     seed_ptr, seed_value, seed_in_memory = seed_args(seed, q.device, lse)
     dkdv_cfg = config("dkdv", shapes.head_dim, q.dtype, q.device, block_size)
     sparse = bool(tables)
+    # the warp-specialized Gluon backward where the config asks for it and covers the call
+    # (kernels/hopper/route.py); elsewhere the Triton kernels, with the built-in tiles
+    warp_specialized = dkdv_cfg.warp_specialize and ws_backward_blocker(
+        dkdv_cfg, q4=q4, k4=k4, v4=v4, do4=do4, dk4=dk4, dv4=dv4, lse=lse, dropout_p=dropout_p,
+        softcap=softcap, alibi_slopes=alibi_slopes, window_left=window_left,
+        window_right=window_right, sparse=sparse, deterministic=deterministic) is None
+    if dkdv_cfg.warp_specialize and not warp_specialized:
+        dkdv_cfg = builtin_config("dkdv", shapes.head_dim, q.dtype, q.device, block_size)
     kv_tables, kv_table_strides = sparse_args(tables[:4] if sparse else None, lse)
     q_tables, q_table_strides = sparse_args(tables[4:] if sparse else None, lse)
     block_d = dkdv_cfg.block_d
@@ -91,6 +106,19 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
         *shapes.lse_strides, max_seqlen_q, shapes.heads_q,
         HEAD_DIM=shapes.head_dim, BLOCK_D=block_d, BLOCK_M=preprocess_rows, IS_VARLEN=is_varlen,
     )
+    if warp_specialized:  # dK, dV and dS K (into a float32 accumulator) in one pass
+        from flashtrain.kernels.hopper.flash_bwd_ws import flash_backward_ws
+
+        dq_acc = torch.zeros(dq4.shape, dtype=torch.float32, device=q.device)  # (B, S, Hq, D)
+        flash_backward_ws(
+            q4, k4, v4, do4, lse, delta, dq_acc, dk4, dv4, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+            softmax_scale=softmax_scale, window_right=window_right, heads_q=shapes.heads_q,
+            heads_kv=shapes.heads_kv, batch=shapes.batch, lse_strides=shapes.lse_strides,
+            block_m=dkdv_cfg.block_m, stages=dkdv_cfg.num_stages,
+        )
+        dq4.copy_(dq_acc.mul_(softmax_scale))
+        return
     constexprs = dict(
         GROUP=shapes.heads_q // shapes.heads_kv, HEAD_DIM=shapes.head_dim, BLOCK_D=block_d,
         PRECISION=dot_precision(q.dtype), IS_VARLEN=is_varlen,

@@ -21,8 +21,11 @@ The forward has two Hopper variants a config may ask for (issue 30; docs/kernel_
 "Variants"): `warp_specialize` (one visit-plan loop that Triton splits into a load partition and
 consumer warpgroups; dense launches with descriptor loads, else the plain loop runs; V is
 cleaned into a copy first, docs/attention_semantics.md) and `persistent` (one
-program per SM walking the tile queue heaviest first). The built-in rules use neither until a
-GPU's sweep measures them.
+program per SM walking the tile queue heaviest first). The dK/dV kind has one (issue 43):
+`warp_specialize` there names the Gluon backward for Hopper (kernels/hopper/flash_bwd_ws.py),
+which computes dK, dV and dQ in one pass; kernels/hopper/route.py says which calls it covers,
+the others take the built-in config (`builtin_config`). The built-in rules use none of the
+variants until a GPU's sweep measures them.
 """
 
 import contextlib
@@ -49,9 +52,12 @@ class TileConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # tensor-descriptor loads/stores where possible (flashtrain.kernels.tma)
-    # Hopper variants of the forward (fwd only; docs/kernel_compile.md "Variants"):
-    warp_specialize: bool = False  # one visit-plan loop that Triton splits into partitions
-    persistent: bool = False  # one program per SM walking a tile queue, heaviest tiles first
+    # Hopper variants (docs/kernel_compile.md "Variants"). fwd: one visit-plan loop that Triton
+    # splits into partitions; dkdv: the Gluon backward, FlashAttention-3's structure
+    # (kernels/hopper/flash_bwd_ws.py: a loader warp, two consumer warpgroups, a dQ writer),
+    # where the call is one it covers (kernels/hopper/route.py), else the built-in config
+    warp_specialize: bool = False
+    persistent: bool = False  # fwd: one program per SM walking a tile queue, heaviest first
 
 
 def interpreted() -> bool:
@@ -142,11 +148,24 @@ def shared_bytes(kind: str, cfg: TileConfig, element_size: int) -> int:
             # buffers, 4 bytes a key (sm_90 cubins of Triton 3.6 and 3.9: docs/kernel_compile.md)
             staging += cfg.block_m * d * e + stages * cfg.block_n * 4
         return (cfg.block_m + 2 * stages * cfg.block_n) * d * e + staging
+    if kind == "dkdv" and cfg.warp_specialize:
+        return ws_backward_shared_bytes(cfg, element_size)
     if kind == "dkdv":
         return (2 * cfg.block_n + 2 * stages * cfg.block_m) * d * e + cfg.block_m * d * 4 + 512
     if kind == "dq":
         return (2 * cfg.block_m + 2 * stages * cfg.block_n) * d * e
     raise ValueError(f"unknown kernel kind {kind!r}; allowed: {KINDS}")
+
+
+def ws_backward_shared_bytes(cfg: TileConfig, element_size: int) -> int:
+    """Shared memory of the warp-specialized backward (kernels/hopper/flash_bwd_ws.py): K and V
+    held; a ring of num_stages (Q, dO, lse, delta) slots; two dS^T buffers; the float32 dQ
+    staging tile; the query-column table and the barriers; plus ~1 KiB of the compiler's own
+    (reduction scratch, the partitions' captured values). Within 0.5% above the sm_90 cubins of
+    Triton 3.6 and 3.9 (tests/attention/test_hopper_bwd_compile.py)."""
+    d, m, n, stages = cfg.block_d, cfg.block_m, cfg.block_n, max(cfg.num_stages, 1)
+    tiles = (2 * n + 2 * stages * m) * d + 2 * n * m  # K, V, the Q / dO ring, dS^T x 2
+    return tiles * element_size + m * d * 4 + stages * m * 8 + m * 4 + 1024
 
 
 def step_down(kind: str, cfg: TileConfig) -> TileConfig | None:
@@ -273,7 +292,21 @@ def config(kind: str, head_dim: int, dtype: torch.dtype, device: torch.device,
     """The config a launch of `kind` uses (see the module docstring for the order)."""
     block_d = block_d_for(head_dim)
     chosen = _OVERRIDES.get(kind) or table_entry(kind, head_dim, dtype, device)
-    cfg = replace(chosen, block_d=block_d) if chosen else _BUILTIN[kind](block_d, dtype, device)
+    if not chosen:
+        return builtin_config(kind, head_dim, dtype, device, sparse_block)
+    return _fitted(kind, replace(chosen, block_d=block_d), dtype, device, sparse_block)
+
+
+def builtin_config(kind: str, head_dim: int, dtype: torch.dtype, device: torch.device,
+                   sparse_block: int = 0) -> TileConfig:  # fmt: skip
+    """The built-in rule's config, whatever a table or an override says: what a launch falls
+    back to where the chosen config names a kernel the call cannot take (the warp-specialized
+    backward, kernels/hopper/route.py)."""
+    cfg = _BUILTIN[kind](block_d_for(head_dim), dtype, device)
+    return _fitted(kind, cfg, dtype, device, sparse_block)
+
+
+def _fitted(kind, cfg: TileConfig, dtype, device, sparse_block: int) -> TileConfig:
     cfg = replace(_fit_sparse(cfg, sparse_block), tma=_tma_choice(cfg))
     return fit_shared_memory(kind, cfg, dtype.itemsize, max_shared_memory(device))
 

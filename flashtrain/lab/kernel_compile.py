@@ -19,18 +19,21 @@ once (varlen, softcap, ALiBi, dropout, fp32, descriptors forced); decode: the sp
 kernels of flash_attn_with_kvcache (split and combine; GQA, MQA, windows, ALiBi, left padding,
 cache_batch_idx, softcap, fp32, a one-split chunked prefill, a paged cache), a set of their own
 (their products compile to mma.sync: the tiles hold few query rows); variants: the forward's
-Hopper variants (warp-specialized, persistent, both) and dK/dV with 64-row query tiles. --only keeps the launches whose
+Hopper variants (warp-specialized, persistent, both) and dK/dV with 64-row query tiles; hopper:
+the warp-specialized Gluon backward (kernels/hopper). --only keeps the launches whose
 tag contains TEXT. --front-end-only stops after Triton's first IR (~0.5 s a kernel: the checks
 above); otherwise the whole pipeline runs to a cubin (LLVM and ptxas, seconds a kernel) and each
 line carries the launch's block_m / block_n and the compile facts:
     registers, spill (stack bytes), shared (bytes per block), warps (all of them: a
     warp-specialized kernel's partitions included), warp_specialized (the PTX hands registers
-    between partitions with setmaxnreg), stages,
+    between partitions with setmaxnreg), partitions (a Gluon kernel's warps by partition,
+    "8+1+1"), setmaxnreg (the counts they move to), stages,
     loads ("tma": the PTX holds tensor-descriptor bulk copies, else "pointer"),
     wgmma / mma_sync (SASS HGMMA / HMMA instructions: Hopper's warpgroup products vs the older
     per-warp ones), main_loop (SASS instructions of the steady-state loop: the shortest
     innermost loop that holds tensor-core instructions, i.e. the unmasked visit-plan segment),
-    loop_spills (local-memory loads and stores, SASS LDL / STL, inside that loop).
+    loop_spills (local-memory loads and stores, SASS LDL / STL, inside that loop),
+    adds ("bulk": float32 adds by TMA bulk reduce-add, "atomic": per-element, "": none).
 A kernel compiled before in the same run (same binary) is reported once. --markdown writes the
 facts as a table. Compile-time facts, not a measurement: nothing here ran on a GPU. Run it
 without TRITON_INTERPRET set.
@@ -63,7 +66,8 @@ from flashtrain.kernels.flash_fwd import flash_forward
 from flashtrain.kernels.tuning import TileConfig
 
 FACT_COLUMNS = ("block_m", "block_n", "registers", "spill", "shared", "warps", "warp_specialized",
-                "stages", "loads", "wgmma", "mma_sync", "main_loop", "loop_spills")  # fmt: skip
+                "partitions", "setmaxnreg", "stages", "loads", "adds", "wgmma", "mma_sync",
+                "main_loop", "loop_spills")  # fmt: skip
 
 
 class _FrontEndDone(Exception):
@@ -134,8 +138,12 @@ def install(arch: int, front_end_only: bool, compiled: list, on_launch=None) -> 
 
 
 def launch_tiles(kwargs: dict) -> dict:
-    """{block_m, block_n} of a launch's constexpr tile arguments (None where it has none)."""
-    return {name.lower(): kwargs.get(name) for name in ("BLOCK_M", "BLOCK_N")}
+    """{block_m, block_n} of a launch's constexpr tile arguments (None where it has none), and
+    the ring depth of a Gluon kernel that takes its own (STAGES): its `stages`."""
+    tiles = {name.lower(): kwargs.get(name) for name in ("BLOCK_M", "BLOCK_N")}
+    if "STAGES" in kwargs:
+        tiles["stages"] = kwargs["STAGES"]
+    return tiles
 
 
 # ------------------------------------------------------------------ facts of a cubin
@@ -182,6 +190,32 @@ def sass_facts(sass: str) -> dict:
     return dict(wgmma=wgmma, mma_sync=mma_sync, main_loop=main_loop, loop_spills=loop_spills)
 
 
+def partition_warps(ttgir: str) -> str:
+    """ "8+1+1": the warps of a warp-specialized kernel's default partition and each worker
+    partition, from its TTGIR ("" for a kernel without partitions)."""
+    workers = re.findall(r"partition\d+\(.*num_warps\((\d+)\)", ttgir)
+    if not workers:
+        return ""
+    default = re.search(r'"ttg.num-warps" = (\d+)', ttgir)
+    return "+".join([default.group(1) if default else "?", *workers])
+
+
+def ptx_facts(ptx: str) -> dict:
+    """What the PTX says of a kernel's partitions and its float32 adds to global memory:
+    setmaxnreg, the register counts its warps move to ("240/24"; "" for none); adds, "bulk"
+    (a TMA bulk reduce-add, cp.reduce.async.bulk), "atomic" (per-element red/atom.global) or
+    "" (neither)."""
+    counts = sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)},
+                    reverse=True)  # fmt: skip
+    if "cp.reduce.async.bulk" in ptx:
+        adds = "bulk"
+    elif re.search(r"\b(red|atom)\.global\.(\w+\.)*(add\.)?f32", ptx):
+        adds = "atomic"
+    else:
+        adds = ""
+    return dict(setmaxnreg="/".join(map(str, counts)), adds=adds)
+
+
 def kernel_facts(kernel) -> dict:
     """Compile facts of a compiled kernel (see the module docstring)."""
     usage = _cuobjdump(kernel, "-res-usage")
@@ -193,8 +227,10 @@ def kernel_facts(kernel) -> dict:
         # Triton's warp specialization hands registers between its partitions with setmaxnreg
         # (and launches the partitions' warps on top of num_warps: 4 become 12)
         warp_specialized="setmaxnreg" in kernel.asm["ptx"],
+        partitions=partition_warps(kernel.asm.get("ttgir", "")),
         stages=kernel.metadata.num_stages,
         loads="tma" if "cp.async.bulk.tensor" in kernel.asm["ptx"] else "pointer",
+        **ptx_facts(kernel.asm["ptx"]),
         **sass_facts(_cuobjdump(kernel, "-sass")),
     )
 
@@ -407,9 +443,49 @@ def variant_launches():
                     c, head_dim=h, dtype=torch.bfloat16, deterministic=m))  # fmt: skip
 
 
+def ws_backward_config(block_m: int = 64, stages: int = 2) -> TileConfig:
+    """The dK/dV config that names the warp-specialized Gluon backward (kernels/hopper)."""
+    return TileConfig(block_m, 128, 0, 8, stages, tma=True, warp_specialize=True)
+
+
+def _ws_backward(config: TileConfig, run_backward=None, **launch):
+    """attention(**launch) with the atomic-dQ backward on the warp-specialized Gluon kernel."""
+    with tuning.overridden("dkdv", config):
+        _with_backward_runner(run_backward)(deterministic=False, **launch)
+
+
+def hopper_launches(run_backward=None):
+    """(tag, launch) of the warp-specialized Gluon backward (issue 43; kernels/hopper): fp16 and
+    bf16 x head_dim 64 and 128 x causal or not, then grouped-query (two query heads per kv
+    head) and packed sequences, and at d64 the sweep's other tiles (3 ring stages, 128-row
+    query tiles: kernels/hopper/route.py TILES) (the forward and the
+    preprocess are the defaults: a binary met before is not repeated). run_backward: attention's."""
+    default = ws_backward_config()
+    for dtype in (torch.bfloat16, torch.float16):
+        name = "bf16" if dtype == torch.bfloat16 else "fp16"
+        for head_dim in (64, 128):
+            for causal in (True, False):
+                tag = f"ws-bwd {name} d{head_dim} {'causal' if causal else 'full'}"
+                yield tag, functools.partial(_ws_backward, default, run_backward,
+                                             head_dim=head_dim, dtype=dtype, causal=causal)  # fmt: skip
+    for head_dim in (64, 128):
+        yield f"ws-bwd bf16 d{head_dim} causal gqa", functools.partial(
+            _ws_backward, default, run_backward, head_dim=head_dim, dtype=torch.bfloat16,
+            gqa=True)  # fmt: skip
+        yield f"ws-bwd bf16 d{head_dim} causal varlen", functools.partial(
+            _ws_backward, default, run_backward, head_dim=head_dim, dtype=torch.bfloat16,
+            varlen=True)  # fmt: skip
+    yield "ws-bwd bf16 d64 causal 3 stages", functools.partial(
+        _ws_backward, ws_backward_config(stages=3), run_backward, head_dim=64,
+        dtype=torch.bfloat16)  # fmt: skip
+    yield "ws-bwd bf16 d64 causal 128-row query tiles", functools.partial(
+        _ws_backward, ws_backward_config(block_m=128), run_backward, head_dim=64,
+        dtype=torch.bfloat16)  # fmt: skip
+
+
 LAUNCH_SETS = {"defaults": default_launches, "features": feature_launches,
                "decode": decode_launches,
-               "variants": variant_launches}  # fmt: skip
+               "variants": variant_launches, "hopper": hopper_launches}  # fmt: skip
 
 
 def compile_launches(launch_set: str, arch: int, front_end_only: bool, only: str = ""):
@@ -429,6 +505,7 @@ def compile_launches(launch_set: str, arch: int, front_end_only: bool, only: str
                     continue
                 seen.add(kernel.hash)
                 line.update(kernel_facts(kernel))
+                line.update({k: v for k, v in tiles.items() if k == "stages"})  # a Gluon ring
             yield line
         compiled.clear()
 
@@ -447,6 +524,13 @@ SET_NOTES = {
     "(the dQ kernel is the default's). block_m x block_n is the launch's tile; warps counts a "
     "warp-specialized kernel's partitions (4 asked become 12); its main_loop is the shortest "
     "tensor-core loop of one partition and not comparable with a plain kernel's.",
+    "hopper": ". The warp-specialized Gluon backward (kernels/hopper/flash_bwd_ws.py) with the "
+    "dK/dV config forced to it, beside the default forward and preprocess. warps counts every "
+    "partition's (partitions: default + workers); registers is the count at launch, setmaxnreg "
+    "what the partitions move to (consumers / workers); adds: how dQ reaches its float32 "
+    "accumulator (bulk: one TMA reduce-add a tile; atomic: per-element adds, Triton 3.6's "
+    "Gluon has no bulk reduce); stages: the Q / dO ring's depth; main_loop: the shortest loop "
+    "with tensor-core work, the consumers' (the only one with HGMMA).",
     "decode": ". These are the tiles a GPU gets (decode_config asks tuning.gpu_capability, which "
     "the stand-in answers; before issue 29 it got the 16 x 16 one-stage interpreter tile). The "
     "split kernel's decode products are mma.sync, not wgmma: a decode step's tile holds the query "

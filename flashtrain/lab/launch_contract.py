@@ -27,6 +27,8 @@ Launch sets (`run(sets)`; `scripts/kernel_compile.py --contract`):
     decode    the split-KV decode kernels, launched from a fresh thread
     variants  the forward's Hopper variants (warp-specialized, persistent) and dK/dV with
               64-row query tiles (kernel_compile.variant_launches), launched from a fresh thread
+    hopper    the warp-specialized Gluon backward (kernel_compile.hopper_launches), its
+              backward in a fresh thread
     loss      the fused linear cross-entropy, forward here and backward in a fresh thread
     compiled  flash_attn_func inside torch.compile (aot_eager: the custom ops as opaque nodes),
               its backward through the real autograd engine from a fresh thread
@@ -58,6 +60,8 @@ from flashtrain.kernels.common import GRID_X_MAX, GRID_YZ_MAX, UNBOUNDED
 from flashtrain.lab import kernel_compile
 
 REGISTERS_PER_BLOCK = 65_536  # sm_80 .. sm_90: a block's threads share one register file
+# kernels whose tiles always go through descriptors (no TMA flag): the 4-d tensors and these
+ALWAYS_DESCRIPTORS = {"flash_backward_ws_kernel": ("LSE", "DELTA")}
 
 
 @dataclass
@@ -92,13 +96,21 @@ class Contract:
 
     def _check_descriptors(self, where, fn, args, kwargs) -> None:
         """TMA: every (.., seq, head, head_dim) tensor but the dQ accumulator goes through
-        descriptors; DQ_TMA: the dQ accumulator (DQ_ACC) does."""
+        descriptors; DQ_TMA: the dQ accumulator (DQ_ACC) does; a kernel of
+        ALWAYS_DESCRIPTORS: every tensor it reads or writes by tiles does (lse and delta as
+        flat rows: a 16-byte aligned base)."""
         named = {n: a for n, a in zip(fn.arg_names, args) if isinstance(a, torch.Tensor)}
-        through = [n for n, t in named.items() if t.dim() == 4 and n != "DQ_ACC"]
-        through = (through if kwargs.get("TMA") else []) + (
-            ["DQ_ACC"] if kwargs.get("DQ_TMA") else []
-        )
+        flat = ALWAYS_DESCRIPTORS.get(fn.__name__, ())
+        if fn.__name__ in ALWAYS_DESCRIPTORS:
+            through = [n for n, t in named.items() if t.dim() == 4]
+        else:
+            through = [n for n, t in named.items() if t.dim() == 4 and n != "DQ_ACC"]
+            through = (through if kwargs.get("TMA") else []) + (
+                ["DQ_ACC"] if kwargs.get("DQ_TMA") else []
+            )
         bad = {n: tuple(named[n].stride()) for n in through if not tma.aligned(named[n])}
+        bad.update({n: f"base {named[n].data_ptr():#x}" for n in flat
+                    if named[n].data_ptr() % 16})  # fmt: skip
         if bad:
             self.violations.append(f"{where}: descriptors on for unaligned tensors {bad}")
 
@@ -339,6 +351,7 @@ LAUNCH_SETS = {
         (tag, functools.partial(in_fresh_thread, launch))
         for tag, launch in kernel_compile.variant_launches()
     ),  # fmt: skip
+    "hopper": lambda: kernel_compile.hopper_launches(run_backward=in_fresh_thread),
     "loss": loss_launches,
     "compiled": compiled_launches,
     "models": model_launches,
