@@ -73,7 +73,8 @@ BLOCK_N = 128  # keys a program holds: 64 per consumer warpgroup
 CONSUMER_WARPS = 8  # two warpgroups
 WORKER_REGISTERS = gl.constexpr(24)  # loader and dQ writer (setmaxnreg, the least there is); consumers get the rest
 # Triton 3.6's dQ writer adds per element (no bulk reduce-add in its Gluon): two warps of 32
-# registers, 4 values and their addresses a thread; the consumers keep 240
+# registers, 4 values and their addresses a thread (Triton 3.6 then leaves the consumers 232:
+# no spill either side, docs/kernel_compile.md)
 ATOMIC_WRITER = dict(warps=2, registers=32)
 MAX_REGISTERS = 168  # at launch: 65,536 registers / 384 threads, rounded down to a multiple of 8
 
@@ -127,30 +128,33 @@ def _dq_partition(dq_desc, DQ_ACC, stride_dqam, dq_smem, dq_ready, dq_empty, h_k
                   BLOCK_M: gl.constexpr, TMA_REDUCE: gl.constexpr):
     """Add each item's dQ tile (float32, unscaled) into the accumulator, in item order.
     DQ_ACC: the accumulator's first element of this sequence (row q_start, head 0)."""
-    # the per-element path walks the staging tile in (8, 32) chunks: one swizzle atom of the
-    # float32 tile (128-byte rows, 8 of them)
+    # the per-element path walks the staging tile in (8, 32) chunks, one swizzle atom of the
+    # float32 tile (8 rows of 128 bytes); a warp's add covers 32 adjacent floats of one row
     ROWS: gl.constexpr = 8
     COLS: gl.constexpr = 32
-    chunk: gl.constexpr = gl.BlockedLayout([1, 32 // (4 * gl.num_warps())], [8, 4],
-                                           [1, gl.num_warps()], [1, 0])
+    chunk: gl.constexpr = gl.BlockedLayout([ROWS // gl.num_warps(), 1], [1, 32],
+                                           [gl.num_warps(), 1], [1, 0])
     for it in range(GROUP * n_tiles):
         g, t = item_tile(it, n_tiles)
         h = h_kv * GROUP + g
         start_m, masked = plan_tile(bounds, n_masked, t, BLOCK_M)
-        mbarrier.wait(dq_ready, it & 1)
+        _, staged = ring_slot(it, 1)  # the staging tile: a ring of one
+        mbarrier.wait(dq_ready, staged)
         if TMA_REDUCE:  # one bulk reduce-add; rows past the sequence are dropped
             tma_reduce_add(dq_desc, [start_m, h * HEAD_DIM], dq_smem)
             tma.store_wait(0)  # the staging tile has been read
         else:
-            rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, chunk))
-            cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, chunk))
-            offsets = rows[:, None] * stride_dqam + cols[None, :]
+            rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, chunk))[:, None]
+            cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, chunk))[None, :]
+            # one pointer a value, walked down the tile: few addresses live at a time
+            ptrs = DQ_ACC + start_m.to(gl.int64) * stride_dqam + h * HEAD_DIM \
+                + (rows * stride_dqam + cols)
             for r in gl.static_range(0, BLOCK_M, ROWS):
-                keep = (start_m + r + rows)[:, None] < seqlen_q
-                row_base = DQ_ACC + (start_m + r).to(gl.int64) * stride_dqam + h * HEAD_DIM
+                keep = rows < seqlen_q - start_m - r
                 for c in gl.static_range(0, HEAD_DIM, COLS):
                     part = dq_smem.slice(r, ROWS, dim=0).slice(c, COLS, dim=1).load(chunk)
-                    gl.atomic_add(row_base + c + offsets, part, mask=keep, sem="relaxed")
+                    gl.atomic_add(ptrs + c, part, mask=keep, sem="relaxed")
+                ptrs += ROWS * stride_dqam
         mbarrier.arrive(dq_empty, count=1)
 
 
@@ -236,7 +240,8 @@ def _compute_partition(dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_sm
         dk = warpgroup_mma(gl.convert_layout(ds_t, operand), q_tile, dk, is_async=True)
         # dS^T to shared memory for dQ: two buffers, so one barrier a tile keeps a
         # warpgroup from overwriting a buffer the other's dQ product still reads
-        ds_tile = ds_smem.index(it % 2)
+        ds_buffer, _ = ring_slot(it, 2)
+        ds_tile = ds_smem.index(ds_buffer)
         ds_tile.store(ds_t)
         fence_async_shared()
         partition_barrier()
@@ -244,7 +249,8 @@ def _compute_partition(dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_sm
                            gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
                            use_acc=False, is_async=True)
         dq, dv, dk = warpgroup_mma_wait(0, deps=(dq, dv, dk))
-        mbarrier.wait(dq_empty, (it & 1) ^ 1)  # the writer has read the previous tile
+        _, staged = ring_slot(it, 1)
+        mbarrier.wait(dq_empty, staged ^ 1)  # the writer has read the previous tile
         dq_smem.store(dq)
         fence_async_shared()
         partition_barrier()  # both warpgroups done with the slot and the staging tile

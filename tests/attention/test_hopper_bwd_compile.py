@@ -1,0 +1,140 @@
+"""The warp-specialized Gluon backward (kernels/hopper/flash_bwd_ws.py) as the compiler makes it
+for sm_90, without a GPU (flashtrain/lab/kernel_compile.py's stand-in driver): live under the
+installed Triton for one launch, and for every launch in the committed reports of Triton 3.6
+(the GPU machines') and the newest. The goal (issue 43): three partitions (two consumer
+warpgroups, a loader warp, a dQ writer), setmaxnreg handing the consumers 232-240 registers
+and the workers 24-32, every product on wgmma (0 mma.sync), no spill, shared memory within
+sm_90's 232,448 bytes, and dQ through the bulk reduce-add where Gluon has it (per-element atomics
+on Triton 3.6). Then the launch contract (a real launch's rules) with the backward launched from
+a fresh thread, as autograd's device thread launches it."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashtrain.kernels import tuning
+from flashtrain.kernels.hopper import gluon_api
+from flashtrain.lab.kernel_compile import hopper_launches, ws_backward_config
+
+pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"
+REPORTS = {"3.6": RESULTS / "kernel-compile-sm90-triton3.6-hopper.md",
+           "3.9": RESULTS / "kernel-compile-sm90-triton3.9-hopper.md"}  # fmt: skip
+KERNEL = "flash_backward_ws_kernel"
+SHARED_LIMIT = 232_448  # sm_90's opt-in shared memory per block
+# the one tile the compile facts show spilling (a sweep candidate, not the variant's default:
+# kernels/hopper/route.py TILES); a few bytes in the consumers, in their loop too
+SPILLING = "ws-bwd bf16 d64 causal 128-row query tiles"
+LAUNCH = "ws-bwd bf16 d128 causal gqa"  # the live one: d128 and a group loop, the tightest
+
+
+@pytest.fixture(scope="module")
+def triton_cache(tmp_path_factory):
+    """One compile cache: the contract's launch hits the compile test's binaries."""
+    return tmp_path_factory.mktemp("triton-cache")
+
+
+def _run(cache_dir, *args) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO),
+               TRITON_DEFAULT_FP_FUSION="1")  # fmt: skip
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_compile.py"), *args],
+                         env=env, cwd=cache_dir, capture_output=True, text=True, timeout=3000)  # fmt: skip
+    assert run.returncode in (0, 1), run.stderr[-4000:]
+    return run.stdout.splitlines()
+
+
+def _assert_goal(line: dict, bulk: bool) -> None:
+    assert line["warp_specialized"] and line["partitions"] in ("8+1+1", "8+1+2"), line
+    # what the warps move to, highest first: the consumers' 240 (232 while Triton 3.6's
+    # two-warp dQ writer holds 32) down to the loader's 24
+    counts = [int(n) for n in line["setmaxnreg"].split("/")]
+    assert counts[0] == 240 and counts[-1] == 24 and len(counts) <= 4, line
+    assert line["mma_sync"] == 0 and line["wgmma"] > 0 and line["loads"] == "tma", line
+    assert line["shared"] <= SHARED_LIMIT, line
+    assert line["adds"] == ("bulk" if bulk else "atomic"), line
+    if line["launch"] != SPILLING:
+        assert line["spill"] == 0 and line["loop_spills"] == 0, line
+
+
+def test_the_ws_backward_compiles_the_hopper_way(triton_cache):
+    """One launch to a cubin (~15 s) under the installed Triton."""
+    lines = [json.loads(x) for x in _run(triton_cache, "--launches", "hopper", "--only", LAUNCH)]
+    ws = [line for line in lines if line["kernel"] == KERNEL]
+    assert len(ws) == 1 and ws[0]["block_m"] == 64 and ws[0]["stages"] == 2
+    _assert_goal(ws[0], bulk=bool(gluon_api.TMA_REDUCE))
+
+
+def test_the_ws_backward_keeps_the_launch_contract(triton_cache):
+    """The same launch (cached) through the contract: the backward from a fresh thread finds
+    the scratch allocator its descriptors need; grid, shared memory, registers x threads, and
+    the alignment of everything its descriptors address (lse and delta as flat rows)."""
+    out = _run(triton_cache, "--contract", "hopper", "--only", LAUNCH)
+    assert not [line for line in out if line.startswith("VIOLATION")], out[-5:]
+    launches = [json.loads(x) for x in out if x.startswith("{")]
+    ws = [x for x in launches if x["kernel"] == KERNEL]
+    assert len(ws) == 1 and ws[0]["thread"] == "backward" and ws[0]["scratch"] > 0
+    assert ws[0]["registers"] * 32 * ws[0]["warps"] <= 65_536
+
+
+def report_rows(path: Path) -> list[dict]:
+    """The table of a kernel_compile --markdown report, one dict a row (numbers as ints)."""
+    lines = [x for x in path.read_text().splitlines() if x.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = []
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        row = dict(zip(head, cells))
+        for key, value in row.items():
+            if re.fullmatch(r"-?[\d,]+", value):
+                row[key] = int(value.replace(",", ""))
+            elif value in ("True", "False"):
+                row[key] = value == "True"
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("version", sorted(REPORTS))
+def test_the_committed_reports_hold_the_goal(version):
+    """Every launch of the hopper set, compiled under Triton `version` (its report's header says
+    which Triton and commit made it): the goal, bulk reduce-add after 3.6."""
+    text = REPORTS[version].read_text()
+    assert f"under Triton {version}" in text
+    rows = [r for r in report_rows(REPORTS[version]) if r["kernel"] == "ws_kernel"]
+    assert {r["launch"] for r in rows} == {tag for tag, _ in hopper_launches()}
+    for row in rows:
+        _assert_goal(row, bulk=version != "3.6")
+
+
+def test_the_shared_memory_model_matches_the_cubins():
+    """tuning.ws_backward_shared_bytes, which fit_shared_memory and the sweep use, lies within
+    1% above what the compilers allocate, for every tile of the reports."""
+    for path in REPORTS.values():
+        for row in report_rows(path):
+            if row["kernel"] != "ws_kernel":
+                continue
+            head_dim = int(re.search(r" d(\d+) ", row["launch"]).group(1))
+            element = 2  # fp16 and bf16 alike
+            cfg = ws_backward_config(row["block_m"], row["stages"])
+            model = tuning.ws_backward_shared_bytes(
+                tuning.TileConfig(**{**cfg.__dict__, "block_d": head_dim}), element)
+            assert row["shared"] <= model <= row["shared"] * 1.01, (row["launch"], model)
+
+
+@pytest.mark.slow
+def test_every_ws_backward_launch_compiles_the_hopper_way(tmp_path):
+    """The whole hopper set (about 3 minutes) under the installed Triton, and its contract."""
+    lines = [json.loads(x) for x in _run(tmp_path, "--launches", "hopper")]
+    ws = [line for line in lines if line["kernel"] == KERNEL]
+    assert {line["launch"] for line in ws} == {tag for tag, _ in hopper_launches()}
+    for line in ws:
+        _assert_goal(line, bulk=bool(gluon_api.TMA_REDUCE))
+    out = _run(tmp_path, "--contract", "hopper")
+    assert not [line for line in out if line.startswith("VIOLATION")], out[-5:]
