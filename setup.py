@@ -7,7 +7,10 @@ Everything else about the build is in pyproject.toml."""
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["flashtrain", "flashtrain.*"]), "flashtrain.kernels",
-              "flashtrain.kernels.hopper"],
+    packages=[
+        *find_packages(include=["flashtrain", "flashtrain.*"]),
+        "flashtrain.kernels",
+        "flashtrain.kernels.hopper",
+    ],
     package_dir={"flashtrain.kernels": "kernels"},
 )

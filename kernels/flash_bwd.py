@@ -23,9 +23,9 @@ from flashtrain.kernels.common import (
     tile_grid,
 )
 from flashtrain.kernels.dropout import seed_args
-from flashtrain.kernels.hopper.route import ws_backward_blocker
 from flashtrain.kernels.flash_bwd_dkdv import flash_backward_dkdv_kernel
 from flashtrain.kernels.flash_bwd_dq import flash_backward_dq_kernel
+from flashtrain.kernels.hopper.route import ws_backward_blocker
 from flashtrain.kernels.launch_args import call_shapes, score_args, sparse_args
 from flashtrain.kernels.program import head_rows
 from flashtrain.kernels.scratch import provide_scratch_allocator

@@ -46,7 +46,7 @@ import torch
 import triton
 
 from flashtrain.kernels.common import UNBOUNDED
-from flashtrain.kernels.hopper.schedule import PROBE_COLUMNS, schedule_probe_kernel
+from flashtrain.kernels.hopper.schedule import PROBE_COLUMNS, key_tile_grid, schedule_probe_kernel
 
 BLOCK_N = 128  # the kernel's key tile
 HALF = 64  # keys a consumer warpgroup owns
@@ -91,8 +91,7 @@ def probe_schedule(*, batch: int, heads_kv: int, group: int, max_seqlen_q: int,
     kernels/hopper/schedule.py computes them (under TRITON_INTERPRET=1 on the CPU). batch: the
     number of sequences (a packed call's cu_seqlens have batch + 1 entries)."""
     heavy = causal  # the kernel's grid: heaviest key tiles first for causal bands
-    tiles = triton.cdiv(max_seqlen_k, BLOCK_N)
-    grid = (heads_kv * batch, tiles, 1) if heavy else (tiles, heads_kv, batch)
+    grid = key_tile_grid(batch, heads_kv, max_seqlen_k, heavy, BLOCK_N)
     max_items = group * triton.cdiv(max_seqlen_q, block_m) + group
     columns = len(PROBE_COLUMNS)
     table = torch.full((math.prod(grid), max_items + 1, columns), -2, dtype=torch.int32,
@@ -153,7 +152,7 @@ def _dq_split(block_m: int) -> str:
 
 
 def mirror_backward(q4, k4, v4, do4, lse, delta, programs: list[Program], *,
-                    softmax_scale: float, causal: bool, block_m: int, group: int,
+                    softmax_scale: float, causal: bool, block_m: int,
                     dq_adds: str = "bulk") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, dk, dv) as the kernel computes them for (B, S, H, D) views (packed: a batch of one)
     and lse, delta laid out as the kernel reads them (contiguous: (B, Hq, Sq) or (Hq, total)).
@@ -161,7 +160,7 @@ def mirror_backward(q4, k4, v4, do4, lse, delta, programs: list[Program], *,
     Rows of dk and dv no program writes stay NaN (a test sees a key tile no program held)."""
     if dq_adds not in ("bulk", "atomic"):
         raise ValueError(f"dq_adds must be 'bulk' or 'atomic', got {dq_adds!r}")
-    dtype, head_dim = q4.dtype, q4.shape[-1]
+    dtype = q4.dtype
     scale_log2 = softmax_scale * math.log2(math.e)
     right = 0 if causal else UNBOUNDED
     packed = lse.dim() == 2  # (Hq, total): one packed batch, sequences by their offsets

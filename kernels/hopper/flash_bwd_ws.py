@@ -43,8 +43,6 @@ its compiled form by flashtrain/lab/kernel_compile.py, its numbers only on a GPU
 
 from __future__ import annotations
 
-import triton
-
 from flashtrain.kernels.band import allowed
 from flashtrain.kernels.common import LOG2E, UNBOUNDED
 from flashtrain.kernels.hopper.gluon_api import (
@@ -63,6 +61,7 @@ from flashtrain.kernels.hopper.gluon_api import (
 )
 from flashtrain.kernels.hopper.schedule import (
     item_tile,
+    key_tile_grid,
     key_tile_plan,
     key_tile_program,
     plan_tile,
@@ -223,11 +222,13 @@ def _compute_partition(dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_sm
             offs_m = start_m + cols_smem.load(query_axis)
             seen = allowed(offs_m[None, :], offs_n[:, None], seqlen_k, band)
             p_t = gl.where(seen & (offs_m[None, :] < seqlen_q), p_t, 0.0)
-        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), operand), do_tile, dv,
-                           is_async=True)
+        p_op = gl.convert_layout(p_t.to(dtype), operand)
+        dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         # retired before dP^T is issued: P^T's bf16 copy (the product's A operand) then
-        # leaves the registers before dP^T's accumulator takes them (240 a thread at d128)
-        dv = warpgroup_mma_wait(0, deps=(dv,))
+        # leaves the registers before dP^T's accumulator takes them (240 a thread at d128).
+        # An operand in registers is a dependency of its wait: its registers stay untouched
+        # until the product has read them
+        dv, p_op = warpgroup_mma_wait(0, deps=(dv, p_op))
         dp_t = warpgroup_mma(v_smem, do_tile.permute((1, 0)),  # dP^T = V dO^T
                              gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout),
                              use_acc=False, is_async=True)
@@ -237,7 +238,8 @@ def _compute_partition(dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_sm
         if masked:  # masked entries never contribute (a NaN of V reaches dp_t)
             ds_t = gl.where(p_t == 0.0, 0.0, ds_t)
         ds_t = ds_t.to(dtype)
-        dk = warpgroup_mma(gl.convert_layout(ds_t, operand), q_tile, dk, is_async=True)
+        ds_op = gl.convert_layout(ds_t, operand)
+        dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
         # dS^T to shared memory for dQ: two buffers, so one barrier a tile keeps a
         # warpgroup from overwriting a buffer the other's dQ product still reads
         ds_buffer, _ = ring_slot(it, 2)
@@ -248,7 +250,7 @@ def _compute_partition(dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_sm
         dq = warpgroup_mma(ds_tile.permute((1, 0)), k_smem,
                            gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
                            use_acc=False, is_async=True)
-        dq, dv, dk = warpgroup_mma_wait(0, deps=(dq, dv, dk))
+        dq, dv, dk, ds_op = warpgroup_mma_wait(0, deps=(dq, dv, dk, ds_op))
         _, staged = ring_slot(it, 1)
         mbarrier.wait(dq_empty, staged ^ 1)  # the writer has read the previous tile
         dq_smem.store(dq)
@@ -370,8 +372,7 @@ def flash_backward_ws(q4, k4, v4, do4, lse, delta, dq_acc, dk4, dv4, *, cu_seqle
     is_varlen = cu_seqlens_q is not None
     cu_q, cu_k = (cu_seqlens_q, cu_seqlens_k) if is_varlen else (lse, lse)  # placeholders
     heavy = window_right < UNBOUNDED  # causal: key tile 0 sees every query
-    tiles = triton.cdiv(max_seqlen_k, BLOCK_N)
-    grid = (heads_kv * batch, tiles, 1) if heavy else (tiles, heads_kv, batch)
+    grid = key_tile_grid(batch, heads_kv, max_seqlen_k, heavy, BLOCK_N)
 
     def batch_stride(t):
         return 0 if is_varlen else t.stride(0)

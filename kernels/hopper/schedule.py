@@ -23,12 +23,21 @@ import triton
 import triton.language as tl
 
 from flashtrain.kernels.band import query_block_range
-from flashtrain.kernels.common import UNBOUNDED, pair_bounds
+from flashtrain.kernels.common import UNBOUNDED, check_grid, pair_bounds
 from flashtrain.kernels.visit_plan import segment_tiles, tile_start
 
 # the slots of a dense visit plan's calls (block-sparse tables are not used here)
 _NO_TABLES = tl.constexpr(0)
 _LEFT = tl.constexpr(UNBOUNDED)  # the band's left side: no window
+
+
+def key_tile_grid(batch: int, heads_kv: int, max_seqlen_k: int, heavy_first: bool,
+                  block_n: int) -> tuple[int, int, int]:
+    """The launch grid key_tile_program reads (see the module docstring for the two orders)."""
+    tiles = triton.cdiv(max_seqlen_k, block_n)
+    if heavy_first:
+        return check_grid((heads_kv * batch, tiles, 1), "kv heads x sequences, key tiles")
+    return check_grid((tiles, heads_kv, batch), "key tiles, kv heads, sequences")
 
 
 @triton.jit

@@ -124,7 +124,8 @@ def test_the_shared_memory_model_matches_the_cubins():
             element = 2  # fp16 and bf16 alike
             cfg = ws_backward_config(row["block_m"], row["stages"])
             model = tuning.ws_backward_shared_bytes(
-                tuning.TileConfig(**{**cfg.__dict__, "block_d": head_dim}), element)
+                tuning.TileConfig(**{**cfg.__dict__, "block_d": head_dim}), element
+            )
             assert row["shared"] <= model <= row["shared"] * 1.01, (row["launch"], model)
 
 

@@ -56,8 +56,7 @@ def _probe_dense(q, k, causal, block_m, stages=2):
 def _mirror(case, programs, causal, block_m, dq_adds="bulk"):
     q, k, v, dout, lse, delta, scale = case
     return mirror.mirror_backward(q, k, v, dout, lse, delta, programs, softmax_scale=scale,
-                                  causal=causal, block_m=block_m, group=q.shape[2] // k.shape[2],
-                                  dq_adds=dq_adds)  # fmt: skip
+                                  causal=causal, block_m=block_m, dq_adds=dq_adds)  # fmt: skip
 
 
 def _worst(got, truth) -> float:
@@ -117,7 +116,7 @@ def test_packed_sequences_match_the_definition():
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
     )  # fmt: skip
     got = mirror.mirror_backward(q[None], k[None], v[None], dout[None], lse, delta, programs,
-                                 softmax_scale=scale, causal=True, block_m=64, group=2)  # fmt: skip
+                                 softmax_scale=scale, causal=True, block_m=64)  # fmt: skip
     assert _worst([g[0] for g in got], truth) < TOLERANCE
 
 
@@ -172,7 +171,11 @@ def _edit_first_item(programs, edit) -> list[Program]:
         for j, item in enumerate(prog.items):
             if item.masked:
                 items = prog.items[:j] + (edit(item),) + prog.items[j + 1 :]
-                return programs[:i] + [Program(**{**prog.__dict__, "items": items})] + programs[i + 1 :]
+                return (
+                    programs[:i]
+                    + [Program(**{**prog.__dict__, "items": items})]
+                    + programs[i + 1 :]
+                )
     raise AssertionError("no masked item to edit")
 
 
