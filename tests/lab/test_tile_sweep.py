@@ -1,9 +1,11 @@
 """The tile sweep (flashtrain/lab/bench/tile_sweep.py) times a config only once it computes what
-the built-in config computes: a wrong kernel form can never be chosen for a per-GPU table."""
+the built-in config computes, and never one whose launches the route gives to another kernel: a
+wrong kernel form, or a silent fallback, can never be chosen for a per-GPU table."""
 
 import torch
 
 from flashtrain.kernels import tuning
+from flashtrain.kernels.hopper import route as hopper_route
 from flashtrain.kernels.tuning import TileConfig
 from flashtrain.lab.bench import tile_sweep
 from flashtrain.lab.bench.attention_rows import random_qkv
@@ -39,3 +41,49 @@ def test_a_config_that_disagrees_is_neither_timed_nor_chosen(monkeypatch):
     assert plain["ms"] is not None and plain["max_diff_vs_builtin"] < 1e-4
     assert not any(config.persistent for config in winners.values())
     assert isinstance(TileConfig(**wrong["config"]), TileConfig)
+
+
+def test_the_gluon_backward_tiles_are_dkdv_variants_at_their_head_dims():
+    """Every (block_m, stages) of kernels/hopper/route.py TILES is a dkdv variant asking for the
+    Gluon backward, offered only at the head dims the route allows it."""
+    offered = {
+        head_dim: {
+            (f["block_m"], f["num_stages"])
+            for f in tile_sweep._at_head_dim(tile_sweep.VARIANTS["dkdv"], head_dim)
+            if f.get("warp_specialize")
+        }
+        for head_dim in (64, 128, 256)
+    }
+    assert offered == {
+        64: set(hopper_route.TILES[64]),
+        128: set(hopper_route.TILES[128]),
+        256: set(),
+    }
+    for fields in tile_sweep._at_head_dim(tile_sweep.VARIANTS["dkdv"], 128):
+        config = TileConfig(block_d=128, **fields)  # every variant is a TileConfig's fields
+        if config.warp_specialize:
+            assert hopper_route.config_blocker(config, 128) is None
+
+
+def test_a_gluon_config_the_route_declines_is_neither_timed_nor_chosen(monkeypatch):
+    """On CPU the route declines the Gluon backward: its launches would run the built-in
+    config, agree with it and perhaps win by noise, so the sweep records it untimed."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")  # fast; the route is asked all the same
+    small = lambda head_dim, dtype, seqlen, tokens, device: random_qkv(  # noqa: E731
+        1, seqlen, 2, head_dim, device=device, dtype=dtype
+    )
+    monkeypatch.setattr(tile_sweep, "sweep_inputs", small)
+    monkeypatch.setattr(tuning, "KINDS", ("dkdv",))
+    rows = []
+    gluon = dict(block_m=64, block_n=128, num_warps=8, num_stages=2, tma=True,
+                 warp_specialize=True, head_dims=(64,))  # fmt: skip
+    winners = tile_sweep.sweep(
+        head_dims=(64,), dtype=torch.float32, seqlen=20, tokens=20, rep=1, device="cpu",
+        hooks=tile_sweep.Hooks(row=rows.append), candidates={"dkdv": []},
+        variants={"dkdv": [gluon]},
+    )  # fmt: skip
+    assert winners == {} and len(rows) == 1
+    assert rows[0]["ms"] is None and rows[0]["config"]["warp_specialize"]
+    assert rows[0]["note"] == (
+        "not timed: the route declines it (Gluon kernels do not run on the Triton interpreter)"
+    )

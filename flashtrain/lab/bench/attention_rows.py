@@ -44,10 +44,12 @@ def skipped_rows(method, reason, dims, causal, density=1.0, variant="") -> list[
     ]
 
 
-def bench_method(name, forward, inputs, dims, causal, rep, density=1.0, variant="", device=None):
+def bench_method(name, forward, inputs, dims, causal, rep, density=1.0, variant="", device=None,
+                 *, baseline=None):  # fmt: skip
     """Rows for the forward, the backward (fwd+bwd minus fwd) and fwd+bwd of one method. An error
-    in flashtrain's own op is raised (the measurement fails); a baseline's is a note."""
-    baseline = name != "flashtrain"
+    in flashtrain's own op is raised (the measurement fails); a baseline's is a note.
+    baseline: whether `name` is one (default: every method but "flashtrain")."""
+    baseline = name != "flashtrain" if baseline is None else baseline
     fwd = measure.measure(forward, rep=rep, device=device, baseline=baseline)
     both = measure.measure(
         baselines.with_backward(forward, inputs), rep=rep, device=device, baseline=baseline

@@ -35,6 +35,7 @@ class Case:
     heads: int = 4
     loads: str = "table"  # table (the config's choice) | descriptor | pointer
     deterministic: bool = False  # True: the two-kernel backward (no atomics)
+    group: int = 2  # gqa: query heads per kv head
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -120,10 +121,10 @@ def _reference(case: Case, q, k, v, mask, kwargs, upcast: bool, cuts=None):
     return torch.cat(pieces).reshape(q.shape)
 
 
-def _inputs(case: Case, device):
-    """The case's generator (seeded by its name) and its q, k, v leaves."""
+def case_inputs(case: Case, device):
+    """The case's generator (seeded by its name) and its q, k, v leaves: the same on every call."""
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(case.name.encode()))
-    kv_heads = case.heads // 2 if case.kind == "gqa" else case.heads
+    kv_heads = case.heads // case.group if case.kind == "gqa" else case.heads
     shape_q = (case.batch, case.seqlen, case.heads, case.head_dim)
     shape_kv = (case.batch, case.seqlen, kv_heads, case.head_dim)
     q, k, v = (
@@ -133,7 +134,7 @@ def _inputs(case: Case, device):
     return gen, q, k, v
 
 
-def _ours(case: Case, gen, q, k, v):
+def run_ours(case: Case, gen, q, k, v):
     """Our op's [out, dq, dk, dv], dout, and what the reference needs (mask, kwargs, cuts)."""
     cuts = None
     loads = (
@@ -155,13 +156,13 @@ def _ours(case: Case, gen, q, k, v):
 def launch_once(case: Case, device) -> None:
     """Our op's forward and backward of the case, once: the launches check_case makes, so the
     first one compiles every kernel it runs (the GPU suite's compile phase)."""
-    _ours(case, *_inputs(case, device))
+    run_ours(case, *case_inputs(case, device))
 
 
 def check_case(case: Case, device) -> dict:
     """Output and dq/dk/dv errors of ours and of low-precision PyTorch, both vs float32 math."""
-    gen, q, k, v = _inputs(case, device)
-    ours, dout, mask, kwargs, cuts = _ours(case, gen, q, k, v)
+    gen, q, k, v = case_inputs(case, device)
+    ours, dout, mask, kwargs, cuts = run_ours(case, gen, q, k, v)
     results = {}
     for upcast in (True, False):
         ref_out = _reference(case, q, k, v, mask, kwargs, upcast, cuts)
@@ -183,6 +184,20 @@ def check_case(case: Case, device) -> dict:
         err = (mine.float() - exact.float()).abs().max().item()
         base = (lowp.float() - exact.float()).abs().max().item()
         row[f"{name}_err"], row[f"{name}_torch_err"] = err, base
-        ok &= err <= 2 * base + FLOOR and math.isfinite(err)
+        ok &= within_tolerance(err, base)
     row["passed"] = bool(ok)
     return row
+
+
+def within_tolerance(err: float, torch_err: float) -> bool:
+    """The rule: at most 2x the error of PyTorch's low-precision math, plus FLOOR; never NaN."""
+    return err <= 2 * torch_err + FLOOR and math.isfinite(err)
+
+
+def tolerance_failures(row: dict) -> list[str]:
+    """What of a check_case row breaks the rule, e.g. ["dq err 0.31 > 2 x 0.012 + 0.001"]."""
+    return [
+        f"{name} err {row[f'{name}_err']:.3g} > 2 x {row[f'{name}_torch_err']:.3g} + {FLOOR:g}"
+        for name in ("out", "dq", "dk", "dv")
+        if not within_tolerance(row[f"{name}_err"], row[f"{name}_torch_err"])
+    ]

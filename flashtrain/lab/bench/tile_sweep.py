@@ -8,6 +8,9 @@ Kinds are timed where they run: fwd on the forward; dkdv on forward + backward w
 deterministic=False (its atomic-dQ pass); dq on forward + backward with deterministic=True, with
 dkdv's winner in place. Each kind's pointer-load candidates go first; the two fastest are then
 timed again with tensor-descriptor (TMA) loads, where the GPU and Triton have them.
+
+The table file may hold entries another writer measured (the GPU suite's hopper section writes
+the Gluon backward's): merged_table keeps them.
 """
 
 from __future__ import annotations
@@ -15,15 +18,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
 from flashtrain.attention import flash_attn_func
 from flashtrain.kernels import tma, tuning
+from flashtrain.kernels.hopper import route as hopper_route
 from flashtrain.kernels.tuning import TileConfig
-from flashtrain.lab.bench import baselines, measure
+from flashtrain.lab.bench import baselines, measure, ws_route
 from flashtrain.lab.bench.attention_rows import random_qkv
 
 # (block_m, block_n, num_warps, num_stages). Configs that do not fit a GPU's shared memory are
@@ -51,10 +57,27 @@ TMA_RETRIES = 2  # the fastest pointer configs timed again with descriptor loads
 # The Hopper variants (issue 30; docs/kernel_compile.md "Variants"), timed after the candidates
 # wherever descriptor loads are allowed (they load through descriptors): the warp-specialized
 # forward (4 warps: Triton ignores the flag at 8), the persistent one, both; dK/dV with 64-row
-# query tiles on descriptors (its pointer form is a candidate above). The warp-specialized
-# forward's time includes the copy of V it needs (docs/attention_semantics.md).
+# query tiles on descriptors (its pointer form is a candidate above), and the warp-specialized
+# Gluon backward (issue 43) at each tile kernels/hopper/route.py allows, only at the head dims
+# it allows it ("head_dims"). The warp-specialized forward's time includes the copy of V it
+# needs (docs/attention_semantics.md).
 _WS = dict(tma=True, warp_specialize=True)
 _PERSISTENT = dict(tma=True, persistent=True)
+
+
+def _gluon_backward_variants() -> list[dict]:
+    """route.TILES as variant fields: one entry per (block_m, stages), with its head dims."""
+    dims_of: dict[tuple[int, int], list[int]] = {}
+    for head_dim, tiles in hopper_route.TILES.items():
+        for tile in tiles:
+            dims_of.setdefault(tile, []).append(head_dim)
+    return [
+        dict(block_m=m, block_n=hopper_route.BLOCK_N, num_warps=hopper_route.NUM_WARPS,
+             num_stages=stages, **_WS, head_dims=tuple(dims))
+        for (m, stages), dims in dims_of.items()
+    ]  # fmt: skip
+
+
 VARIANTS = {
     "fwd": [
         dict(block_m=128, block_n=128, num_warps=4, num_stages=2, **_WS),
@@ -64,7 +87,10 @@ VARIANTS = {
         dict(block_m=128, block_n=128, num_warps=8, num_stages=3, **_PERSISTENT),
         dict(block_m=128, block_n=128, num_warps=4, num_stages=2, **_WS, persistent=True),
     ],
-    "dkdv": [dict(block_m=64, block_n=128, num_warps=8, num_stages=2, tma=True)],
+    "dkdv": [
+        dict(block_m=64, block_n=128, num_warps=8, num_stages=2, tma=True),
+        *_gluon_backward_variants(),
+    ],
 }
 # the GPU suite's dry run (CPU, interpreter): the same variants at the interpreter's tiles
 DRY_RUN_VARIANTS = {
@@ -131,6 +157,7 @@ def _disagreement(reference: list[torch.Tensor], q, k, v) -> float:
     to each reference result's largest magnitude; NaN where a result is not finite."""
     worst = 0.0
     for got, want in zip(_results(q, k, v), reference):
+        got, want = got.detach(), want.detach()  # the forward's output is part of a graph
         scale = max(float(want.float().abs().max()), 1e-6)
         off = float((got.float() - want.float()).abs().max()) / scale
         worst = off if off != off or off > worst else worst  # NaN sticks
@@ -152,6 +179,14 @@ def _sweep_kind(kind, key, q, k, v, pool, variants, rep, device, hooks: Hooks) -
         reason = hooks.why_not()
         if reason:
             hooks.row({"key": key, "config": cfg.__dict__, "note": f"skipped: {reason}"})
+            return
+        with tuning.overridden(kind, cfg):
+            declined = ws_route.sweep_declines(kind, q, k, v)
+        if declined:  # its launches would run the built-in config: nothing of it to time
+            hooks.row({"key": key, "config": cfg.__dict__, "ms": None, "builtin_ms": builtin,
+                       "note": f"not timed: the route declines it ({declined})"})  # fmt: skip
+            print(f"  {key} {config_label(cfg.__dict__)}: not timed: the route declines it "
+                  f"({declined})", flush=True)  # fmt: skip
             return
         with tuning.overridden(kind, cfg):
             try:  # a config that computes something else is never timed, let alone chosen
@@ -210,16 +245,18 @@ def sweep_inputs(head_dim: int, dtype, seqlen: int, tokens: int, device):
     return random_qkv(batch, seqlen, heads, head_dim, device=device, dtype=dtype)
 
 
-def builtin_launches(*, head_dims, dtype, seqlen, tokens, device) -> dict[str, Callable]:
+def builtin_launches(*, head_dims, dtype, seqlen, tokens, device,
+                     kinds=tuning.KINDS) -> dict[str, Callable]:  # fmt: skip
     """what -> a first launch of each run sweep() times with the built-in configs (the GPU
-    suite's compile phase). The candidates compile at their first, untimed, call instead:
-    tuning.overridden is process-wide, so two of them cannot be launched side by side."""
+    suite's compile phase), for `kinds`. The candidates compile at their first, untimed, call
+    instead: tuning.overridden is process-wide, so two of them cannot be launched side by side
+    (called inside an override, the launches run the config in force)."""
 
     def launch(kind: str, head_dim: int, causal: bool) -> None:
         _run_of(kind, *sweep_inputs(head_dim, dtype, seqlen, tokens, device), causal)()
 
     launches = {}
-    for head_dim, kind, causal in itertools.product(head_dims, tuning.KINDS, (False, True)):
+    for head_dim, kind, causal in itertools.product(head_dims, kinds, (False, True)):
         key, mode = tuning.table_key(kind, head_dim, dtype), "causal" if causal else "full"
         launches[f"{key} built-in {mode}"] = functools.partial(launch, kind, head_dim, causal)
     return launches
@@ -250,7 +287,7 @@ def sweep(
             fitted = [
                 tuning.fit_shared_memory(kind, TileConfig(block_d=block_d, **fields),
                                          dtype.itemsize, limit)
-                for fields in variant_pools.get(kind, ())
+                for fields in _at_head_dim(variant_pools.get(kind, ()), head_dim)
             ]  # fmt: skip
             # dq is timed with dkdv's winner in place (the backward it runs in)
             dkdv_winner = winners.get(tuning.table_key("dkdv", head_dim, dtype))
@@ -267,6 +304,45 @@ def sweep(
     return winners
 
 
-def table_for(device, winners: dict[str, TileConfig]) -> dict:
-    name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
-    return tuning.table_payload(name, winners)
+def _at_head_dim(variants, head_dim: int) -> list[dict]:
+    """The variants' TileConfig fields that apply at head_dim (all but those whose "head_dims"
+    leave it out)."""
+    return [
+        {k: v for k, v in fields.items() if k != "head_dims"}
+        for fields in variants
+        if head_dim in fields.get("head_dims", (head_dim,))
+    ]
+
+
+def compare_to_builtin(kind: str, cfg: TileConfig, q, k, v, rep: int, device) -> dict:
+    """One config judged as the sweep judges it: the built-in config's time and results first,
+    then cfg's disagreement with them, and only if it agrees (within AGREEMENT) its time.
+    An error computing the results raises (the caller's measurement fails); one while timing
+    leaves that time None, as in the sweep. faster: it agrees and beats the built-in config."""
+    builtin = _timed(kind, q, k, v, rep, device)
+    reference = _results(q, k, v)
+    with tuning.overridden(kind, cfg):
+        off = _disagreement(reference, q, k, v)
+        agrees = off <= AGREEMENT  # False for NaN too
+        ms = _timed(kind, q, k, v, rep, device) if agrees else None
+    faster = bool(ms and builtin and ms < builtin)
+    return {"ms": ms, "builtin_ms": builtin, "speedup_vs_builtin": builtin / ms if ms and builtin
+            else None, "max_diff_vs_builtin": off, "agrees": agrees, "faster": faster}  # fmt: skip
+
+
+def device_name(device) -> str:
+    return torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
+
+
+def table_file(name: str) -> str:
+    """The per-GPU table's file name in the suite's output folder, for a device name."""
+    return f"tuning-table-{tuning.gpu_slug(name)}.json"
+
+
+def merged_table(path: Path, name: str, configs: dict[str, TileConfig]) -> dict:
+    """The per-GPU table at `path` (tuning.table_payload's form; none yet: empty) with `configs`
+    written over its entries of the same keys; the others stay (another writer measured them:
+    every entry was measured faster than the built-in config by whoever wrote it)."""
+    found = json.loads(path.read_text())["configs"] if path.is_file() else {}
+    kept = {key: TileConfig(**entry) for key, entry in found.items()}
+    return tuning.table_payload(name, {**kept, **configs})

@@ -3,5 +3,6 @@
 cli.py       the command (scripts/gpu_suite.py): sections in order, budget, exit code
 sections.py  what each section measures, at real sizes on a GPU and toy ones in the dry run
 record.py    suite.json + summary.md after every measurement; SIGINT/SIGTERM and budget stops
-summary.py   summary.md's tables;  targets.py  the issue-12 targets as ratios
+summary.py   summary.md's tables;  targets.py  the issue-12 and issue-43 targets as ratios
+hopper.py    the hopper section: the Gluon backward's guard, checks, timing and table entry
 """

@@ -4,10 +4,11 @@
     python scripts/gpu_suite.py --out "$OUT" --budget-min 3 --sections llama decode   # call 2, warm
     python scripts/gpu_suite.py --out "$OUT" --budget-min 6 --sections sweep
     python scripts/gpu_suite.py --out "$OUT" --budget-min 4 --sections pytest
+    python scripts/gpu_suite.py --out "$OUT" --budget-min 6 --sections hopper   # the Gluon backward
     python scripts/gpu_suite.py --dry-run --out /tmp/suite           # toy sizes on CPU, no figure
 
 Default sections, in order of value: environment, peaks, correctness, attention, training, long,
-then the sweep with what is left of the budget (longctx, llama, decode and pytest run only when named). OUT gets at most
+then the sweep with what is left of the budget (longctx, llama, decode, hopper and pytest run only when named). OUT gets at most
 7 files, flat: suite.json and summary.md (rewritten atomically after every measurement), the
 sweep's tuning-table-<gpu>.json, pytest.log and pytest-junit.xml, two attention plots. SIGINT or
 SIGTERM stops at the next measurement boundary and still writes (a second one at once); so does
@@ -36,12 +37,14 @@ from flashtrain.lab.gpu_suite.summary import derive, summary_markdown
 DEFAULT = ("environment", "peaks", "correctness", "attention", "training", "long", "sweep")
 # Named sections run in this order whatever the command line's: the sweep and pytest take what
 # is left, so they come last.
+# hopper (the Gluon backward's check) late: should its kernel fault the process after its guard
+# passed, what came before is on record
 ALL = ("environment", "peaks", "correctness", "attention", "training", "long", "longctx", "llama",
-       "decode", "sweep", "pytest")  # fmt: skip
+       "decode", "hopper", "sweep", "pytest")  # fmt: skip
 # Shares of the budget left (minutes of a call, roughly what each needs on an H100 from a cold
 # start); the sweep and pytest get whatever is left when they start.
 SHARE = {"environment": 0.1, "peaks": 0.2, "correctness": 2.0, "attention": 3.0, "training": 3.8,
-         "long": 0.5, "longctx": 1.5, "llama": 2.0, "decode": 0.6}  # fmt: skip
+         "long": 0.5, "longctx": 1.5, "llama": 2.0, "decode": 0.6, "hopper": 5.5}  # fmt: skip
 PYTEST_ARGS = "-m gpu tests"
 
 

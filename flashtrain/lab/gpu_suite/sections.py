@@ -18,6 +18,9 @@ the first launch of each shape it will time, on a thread pool), then measures.
     llama        Llama ~125M (GQA, rotary) at 16K and 1K through the trainer, eager, flash vs sdpa
     decode       one decode step against a 4K-64K KV cache: flash_attn_with_kvcache (split-KV and one
                  split), flash_attn_func on the cache, SDPA (Llama-3-8B's heads, bf16)
+    hopper       the warp-specialized Gluon backward (issue 43): a hang and fault guard in a child
+                 process, then correctness, timing side by side and its tuning-table entry
+                 (gpu_suite/hopper.py)
     sweep        descriptor-load correctness, then the tile configs; the per-GPU table as it goes
     pytest       `pytest -m gpu` with its own budget, its log and junit kept
 """
@@ -39,7 +42,6 @@ from pathlib import Path
 import torch
 
 from flashtrain.attention import sparsity
-from flashtrain.kernels import tuning
 from flashtrain.lab.bench import (
     baselines,
     correctness,
@@ -53,6 +55,7 @@ from flashtrain.lab.bench import (
 )
 from flashtrain.lab.bench.attention_rows import bench_method, random_qkv, skipped_rows
 from flashtrain.lab.checkout import TESTS
+from flashtrain.lab.gpu_suite.hopper import section_hopper
 from flashtrain.lab.gpu_suite.record import Record, Section, SectionFailed
 
 # The Python modules each section needs beyond torch and triton (the GPU image lacks hydra):
@@ -479,8 +482,7 @@ def section_longctx(suite: Suite, sec: Section) -> None:
 # ---- sweep -------------------------------------------------------------------------------------
 
 
-def table_file(device_name: str) -> str:
-    return f"tuning-table-{tuning.gpu_slug(device_name)}.json"
+table_file = tile_sweep.table_file
 
 
 def section_sweep(suite: Suite, sec: Section) -> None:
@@ -507,8 +509,8 @@ def section_sweep(suite: Suite, sec: Section) -> None:
         sec.data["rows"].append(dict(r, measurement=label))
         suite.record.save()
 
-    def winners(found) -> None:
-        table = tile_sweep.table_for(device, found)
+    def winners(found) -> None:  # merged: the hopper section may have written an entry
+        table = tile_sweep.merged_table(suite.out / sec.data["table_file"], name, found)
         sec.data["table"] = table
         results.write_json(suite.out / sec.data["table_file"], table)
         suite.record.save()
@@ -584,6 +586,7 @@ SECTIONS = {
     "longctx": section_longctx,
     "llama": section_llama,
     "decode": section_decode,
+    "hopper": section_hopper,
     "sweep": section_sweep,
     "pytest": section_pytest,
 }

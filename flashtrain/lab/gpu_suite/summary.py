@@ -3,9 +3,11 @@ every measurement (the targets are derived here, from the attention rows and the
 
 from __future__ import annotations
 
-from flashtrain.lab.bench import results
+import itertools
+
+from flashtrain.lab.bench import results, ws_route
 from flashtrain.lab.bench.long_context_report import NOT_MEASURED, markdown_rows
-from flashtrain.lab.gpu_suite.targets import target_ratios
+from flashtrain.lab.gpu_suite.targets import add_row_ratios, hopper_target_ratios, target_ratios
 
 DRY = ", DRY RUN (toy sizes on CPU, no figure is a measurement)"
 
@@ -17,13 +19,18 @@ def _fmt(value, digits=2) -> str:
 
 
 def derive(state: dict) -> None:
-    """Fields computed from the measurements (kept in suite.json too): the targets."""
+    """Fields computed from the measurements (kept in suite.json too): the targets, and the
+    hopper section's ratios per row."""
+    dry = bool(state["runs"] and state["runs"][-1].get("dry_run"))
+    hopper = state["sections"].get("hopper")
+    if hopper is not None and "rows" in hopper:
+        add_row_ratios(hopper["rows"])
+        hopper["targets"] = hopper_target_ratios([r for r in hopper["rows"] if "mode" in r], dry)
     attention = state["sections"].get("attention")
     if attention is not None:
         peak = {}
         for row in state["sections"].get("peaks", {}).get("rows", []):
             peak.update(row)
-        dry = bool(state["runs"] and state["runs"][-1].get("dry_run"))
         attention["targets"] = target_ratios(
             attention.get("rows", []), peak.get("matmul_peak_tflops"), dry
         )
@@ -58,10 +65,10 @@ def _correctness(sec: dict) -> list[str]:
     return lines + [f"- WRONG: {c}" for c in wrong]
 
 
-def _targets(sec: dict) -> list[str]:
+def _targets(sec: dict, title: str = "## Targets (issue 12)") -> list[str]:
     lines = [
         "",
-        "## Targets (issue 12)",
+        title,
         "",
         "| target | ratio | goal | pass |",
         "|---|---|---|---|",
@@ -115,11 +122,104 @@ def _sweep(sec: dict) -> list[str]:
              "", "| key | config | ms | built-in ms | speedup |", "|---|---|---|---|---|"]  # fmt: skip
     for r in sec.get("rows", []):
         if "config" in r:
-            lines.append(f"| {r['measurement']} | | {_fmt(r.get('ms'))} | "
+            lines.append(f"| {r['measurement']} | {r.get('note', '')} | {_fmt(r.get('ms'))} | "
                          f"{_fmt(r.get('builtin_ms'))} | {_fmt(r.get('speedup_vs_builtin'))} |")  # fmt: skip
         else:
             lines.append(f"| {r['case']} | check | {'ok' if r['passed'] else 'WRONG'} | | |")
     return lines
+
+
+def _route(row: dict) -> str:
+    """Which backward ran: "gluon", or "triton (route: why not)"."""
+    return ws_route.label(row.get("kernel", "-"), row.get("route"))
+
+
+def _hopper_guard(rows: list[dict]) -> list[str]:
+    guard = next((r for r in rows if "outcome" in r), None)
+    if guard is None:
+        return ["", "Guard (child process): not run."]
+    lines = ["", f"Guard (child process, small shapes; hung: {guard['idle_s']:.0f} s without "
+             f"progress or {guard['timeout_s']:.0f} s in all): "
+             f"**{guard['outcome']}**: {guard['detail']}, in {guard['seconds']} s.", "",
+             "| guard case | kernel | s | max diff vs built-in |", "|---|---|---|---|"]  # fmt: skip
+    for r in guard["cases"]:
+        lines.append(f"| {r['case']} | {_route(r)} | {r['seconds']} | "
+                     f"{_fmt(r['max_diff_vs_builtin'], 4)} |")  # fmt: skip
+    if guard["outcome"] != "passed" and guard["stderr_tail"]:  # what the issue needs
+        tail = guard["stderr_tail"].strip().splitlines()[-20:]
+        lines += ["", "The child's stderr, last lines:", "", "```", *tail, "```"]
+    return lines
+
+
+GRADIENTS = ("out", "dq", "dk", "dv")
+
+
+def _hopper_checks(rows: list[dict], planned: int) -> list[str]:
+    checks = [r for r in rows if "passed" in r]
+    passed = sum(1 for r in checks if r["passed"])
+    lines = ["", f"### Correctness: {passed}/{planned} pass", "",
+             "| case | kernel | out | dq | dk | dv | pass |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in checks:
+        if r["kind"] == "nonfinite":  # relative diffs vs finite inputs, on rows that see no NaN
+            errs = [f"{r['out_diff']:.1e} (vs finite)", f"{r['dq_diff']:.1e} (vs finite)", "", ""]
+        else:  # ours vs float32 math (PyTorch's low precision in brackets)
+            errs = [f"{r[f'{g}_err']:.1e} ({r[f'{g}_torch_err']:.1e})" for g in GRADIENTS]
+        lines.append(f"| {r['case']} | {_route(r)} | {' | '.join(errs)} | "
+                     f"{'ok' if r['passed'] else 'FAILED: ' + r['failure']} |")  # fmt: skip
+    return lines
+
+
+def _hopper_table(sec: dict) -> list[str]:
+    rows = [r for r in sec.get("rows", []) if "key" in r]
+    lines = ["", f"### Tuning table ({sec.get('table_file', '-')}; written only for a config that "
+             "agrees with the built-in one, beats it, and passed every check above)", "",
+             "| key | ms | built-in ms | speedup | max diff | written | note |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['key']} | {_fmt(r.get('ms'))} | {_fmt(r.get('builtin_ms'))} | "
+                     f"{_fmt(r.get('speedup_vs_builtin'))} | "
+                     f"{_fmt(r.get('max_diff_vs_builtin'), 4)} | "
+                     f"{'yes' if r['winner'] else 'no'} | {r.get('note', '')} |")  # fmt: skip
+    return lines
+
+
+HOPPER_METHODS = (("flashtrain_gluon", "Gluon"), ("flashtrain", "default"),
+                  ("sdpa_cudnn_attention", "cuDNN"), ("sdpa_flash_attention", "FA2"),
+                  ("flex", "Flex"))  # fmt: skip
+
+
+def _hopper_timing(rows: list[dict]) -> list[str]:
+    """One line per shape and mode: each method's TFLOP/s (or why none), then the Gluon
+    backward's ratios to cuDNN and to today's default."""
+    cell = {(r["method"], r["mode"], r["head_dim"], r["causal"], r["seqlen"]): r for r in rows}
+    shapes = list(dict.fromkeys((r["head_dim"], r["causal"], r["seqlen"]) for r in rows))
+    names = " | ".join(label for _, label in HOPPER_METHODS)
+    lines = ["", "### Timing (TFLOP/s)", "", f"| hd | causal | seqlen | mode | {names} | "
+             "Gluon / cuDNN | Gluon / default |",
+             "|---" * (6 + len(HOPPER_METHODS)) + "|"]  # fmt: skip
+    for (head_dim, causal, seqlen), mode in itertools.product(shapes, ("bwd", "fwd_bwd", "fwd")):
+        found = [cell.get((method, mode, head_dim, causal, seqlen)) for method, _ in HOPPER_METHODS]
+        values = [("-" if r is None else _fmt(r["tflops"], 1) if r.get("tflops")
+                   else (r.get("note") or "-").split(":")[0]) for r in found]  # fmt: skip
+        gluon = found[0] or {}
+        lines.append(f"| {head_dim} | {causal} | {seqlen} | {mode} | {' | '.join(values)} | "
+                     f"{_fmt(gluon.get('ratio_vs_cudnn'))} | "
+                     f"{_fmt(gluon.get('ratio_vs_flashtrain'))} |")  # fmt: skip
+    return lines
+
+
+def _hopper(sec: dict, dry: bool) -> list[str]:
+    """The Gluon backward's check: guard, correctness, targets vs cuDNN, timing, table."""
+    rows = sec.get("rows", [])
+    lines = ["", "## Hopper: the Gluon backward (issue 43)" + (DRY if dry else "")]
+    lines += _hopper_guard(rows) + _hopper_checks(rows, len(sec.get("checks", [])))
+    lines += _targets(sec, "### Targets (Gluon backward vs cuDNN, geometric mean over 4K and 16K)")
+    timed = [r for r in rows if "mode" in r]
+    if timed:
+        kernels = sorted({_route(r) for r in timed if r["method"] == "flashtrain_gluon"})
+        lines += _hopper_timing(timed) + ["", f"Gluon rows' backward: {'; '.join(kernels)}."]
+    return lines + _hopper_table(sec)
 
 
 def _pytest(sec: dict) -> list[str]:
@@ -158,6 +258,8 @@ def summary_markdown(state: dict) -> str:
         lines += _training(sections["llama"], "Llama training")
     if "decode" in sections:
         lines += _decode(sections["decode"])
+    if "hopper" in sections:
+        lines += _hopper(sections["hopper"], env_dry)
     if "sweep" in sections:
         lines += _sweep(sections["sweep"])
     if "pytest" in sections:

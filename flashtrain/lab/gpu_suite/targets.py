@@ -1,6 +1,7 @@
 """The issue-12 targets as ratios of TFLOP/s measured in the same process on the same inputs:
 ours over SDPA's FLASH (FlashAttention-2) and CUDNN backends, block-sparse over FlexAttention,
-and our forward over the chip's bf16 matmul peak."""
+and our forward over the chip's bf16 matmul peak; and the issue-43 targets of the Gluon backward
+(the hopper section) over cuDNN's."""
 
 from __future__ import annotations
 
@@ -18,6 +19,17 @@ DENSE = [
 ]
 SPARSE = ("block-sparse fwd+bwd vs FlexAttention", 1.2)
 PEAK_FRACTION = ("fwd hd128 fraction of bf16 matmul peak", 0.6)
+# The Gluon backward (hopper section, method flashtrain_gluon) over cuDNN, issue 43:
+# (name, mode, causal, head_dim, goal)
+GLUON = "flashtrain_gluon"
+CUDNN = "sdpa_cudnn_attention"
+HOPPER = [
+    ("Gluon bwd hd128 vs cuDNN", "bwd", False, 128, 0.90),
+    ("Gluon bwd hd64 vs cuDNN", "bwd", False, 64, 0.90),
+    ("Gluon causal bwd hd128 vs cuDNN", "bwd", True, 128, 0.90),
+    ("Gluon causal bwd hd64 vs cuDNN", "bwd", True, 64, 0.90),
+    ("Gluon fwd+bwd hd128 vs cuDNN", "fwd_bwd", False, 128, 0.85),
+]
 
 
 def _geomean(values):
@@ -30,9 +42,10 @@ def _target(name, ratio, goal) -> dict:
     return {"target": name, "ratio": ratio, "goal": goal, "passed": passed}
 
 
-def target_ratios(rows: list[dict], matmul_peak: float | None, dry: bool) -> list[dict]:
-    """Every target, its ratio None until both sides are measured. The dry run's toy head dims
-    stand in for 128 and 64 (largest, smallest) and its toy lengths for >= 4K."""
+def _tflops_by_length(rows: list[dict], dry: bool):
+    """tflops(method, mode, causal, head_dim) -> {seqlen: TFLOP/s} of the dense rows at >= 4K.
+    The dry run's toy head dims stand in for 128 and 64 (largest, smallest) and its toy
+    lengths for >= 4K."""
     dense = [r for r in rows if not r.get("variant") and r.get("tflops")]
     dims = sorted({r["head_dim"] for r in dense}, reverse=True)
     stand_in = {128: dims[0], 64: dims[-1]} if dry and dims else {}
@@ -47,15 +60,24 @@ def target_ratios(rows: list[dict], matmul_peak: float | None, dry: bool) -> lis
             and r["seqlen"] >= min_len
         }  # fmt: skip
 
+    return tflops
+
+
+def _ratio(ours: dict, theirs: dict) -> float | None:
+    """Geometric mean over the lengths both sides measured."""
+    return _geomean([ours[s] / theirs[s] for s in ours if s in theirs])
+
+
+def target_ratios(rows: list[dict], matmul_peak: float | None, dry: bool) -> list[dict]:
+    """Every target, its ratio None until both sides are measured."""
+    tflops = _tflops_by_length(rows, dry)
     out = []
     for name, mode, causal, head_dim, base, goal in DENSE:
         ours, theirs = (
             tflops("flashtrain", mode, causal, head_dim),
             tflops(base, mode, causal, head_dim),
         )
-        out.append(
-            _target(name, _geomean([ours[s] / theirs[s] for s in ours if s in theirs]), goal)
-        )
+        out.append(_target(name, _ratio(ours, theirs), goal))
     sparse = {
         r["method"]: r
         for r in rows
@@ -69,3 +91,33 @@ def target_ratios(rows: list[dict], matmul_peak: float | None, dry: bool) -> lis
     frac = max(fwd.values()) / matmul_peak if fwd and matmul_peak else None
     out.append(_target(PEAK_FRACTION[0], frac, PEAK_FRACTION[1]))
     return out
+
+
+def hopper_target_ratios(rows: list[dict], dry: bool) -> list[dict]:
+    """The Gluon backward's targets, ratios None until both sides are measured."""
+    tflops = _tflops_by_length(rows, dry)
+    return [
+        _target(name, _ratio(tflops(GLUON, mode, causal, d), tflops(CUDNN, mode, causal, d)), goal)
+        for name, mode, causal, d, goal in HOPPER
+    ]
+
+
+def add_row_ratios(rows: list[dict]) -> None:
+    """Each timed row's TFLOP/s over cuDNN's at its shape and mode (ratio_vs_cudnn) and, for the
+    Gluon rows, over today's default backward's (ratio_vs_flashtrain); None where either is
+    missing."""
+    by_shape = {
+        (r["method"], r["mode"], r["causal"], r["head_dim"], r["seqlen"]): r.get("tflops")
+        for r in rows
+        if "mode" in r
+    }
+    for r in rows:
+        if "mode" not in r or r["method"] == CUDNN:
+            continue
+        shape = (r["mode"], r["causal"], r["head_dim"], r["seqlen"])
+        pairs = [("ratio_vs_cudnn", CUDNN)] + [("ratio_vs_flashtrain", "flashtrain")] * (
+            r["method"] == GLUON
+        )
+        for field, base in pairs:
+            theirs = by_shape.get((base, *shape))
+            r[field] = r["tflops"] / theirs if r.get("tflops") and theirs else None

@@ -1,0 +1,293 @@
+"""The GPU suite's hopper section (flashtrain/lab/gpu_suite/hopper.py: the warp-specialized Gluon
+backward's one-call check) on CPU with --dry-run: every code path at toy sizes, the guard child
+included. On CPU the route declines the Gluon kernel, and the rows say so and why; a wrong
+gradient fails its row and the section; a guard child that hangs or faults fails this section
+alone; the table merge keeps what another writer put there."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashtrain.kernels.hopper import route
+from flashtrain.kernels.tuning import TileConfig
+from flashtrain.lab.bench import correctness, hopper_checks, hopper_guard, hopper_timing, tile_sweep
+from flashtrain.lab.bench.attention_rows import random_qkv
+from flashtrain.lab.gpu_suite import cli
+from flashtrain.lab.gpu_suite.targets import add_row_ratios, hopper_target_ratios
+
+INTERPRETER = "Gluon kernels do not run on the Triton interpreter"  # the route's reason here
+SWEEP_ENTRY = {"fwd/16/float32": dict(block_m=32, block_n=16, block_d=16, num_warps=4,
+                                      num_stages=1)}  # fmt: skip
+
+
+def state(out: Path) -> dict:
+    return json.loads((out / "suite.json").read_text())
+
+
+def run_hopper(out: Path, *more: str) -> tuple[int, dict]:
+    code = cli.main(["--dry-run", "--out", str(out), "--sections", "hopper", *more])
+    return code, state(out)["sections"]
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """One dry run of the section, into a folder where a sweep already wrote its table."""
+    out = tmp_path_factory.mktemp("hopper")
+    table = out / "tuning-table-cpu.json"
+    table.write_text(json.dumps({"device": "cpu", "configs": SWEEP_ENTRY}))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")  # the interpreter is for kernel tests
+    try:
+        code, sections = run_hopper(out)
+    finally:
+        mp.undo()
+    return out, code, sections["hopper"]
+
+
+def test_dry_run_runs_every_code_path(dry_run):
+    out, code, sec = dry_run
+    assert code == 0 and sec["status"] == "done", sec.get("traceback", sec["status"])
+    assert set(sec["measured"]) == set(sec["planned"]) and sec["compile_seconds"] >= 0
+    guard = sec["rows"][0]
+    assert guard["outcome"] == "passed" and len(guard["cases"]) == 13, guard
+    assert guard["planned_cases"] == [case.name for case, _ in hopper_checks.guard_plan(True)]
+    checks = [r for r in sec["rows"] if "passed" in r]
+    assert [r["case"] for r in checks] == sec["checks"] and len(checks) == 10
+    assert all(r["passed"] for r in checks)
+    # the route declines the Gluon kernel here, and every row says which backward ran and why
+    for r in [*guard["cases"], *checks]:
+        assert (r["kernel"], r["route"]) == ("torch", INTERPRETER), r
+    kinds = {r["kind"] for r in checks}
+    assert kinds == {"dense", "gqa", "varlen", "nonfinite"}
+    assert any(r["dtype"] == "torch.float16" for r in checks)
+    timed = [r for r in sec["rows"] if "mode" in r]
+    methods = {"flashtrain_gluon", "flashtrain", "flex", "sdpa_cudnn_attention",
+               "sdpa_flash_attention"}  # fmt: skip
+    assert {r["method"] for r in timed} == methods
+    assert {(r["head_dim"], r["causal"], r["seqlen"], r["mode"]) for r in timed} == {
+        (d, c, s, m) for d in (32, 16) for c in (False, True) for s in (64, 128)
+        for m in ("fwd", "bwd", "fwd_bwd")
+    }  # fmt: skip
+    gluon = [r for r in timed if r["method"] == "flashtrain_gluon"]
+    assert all(r["route"] == INTERPRETER and r["ms"] for r in gluon)
+    assert all("ratio_vs_flashtrain" in r and "ratio_vs_cudnn" in r for r in gluon)
+    assert [t["target"] for t in sec["targets"]][0] == "Gluon bwd hd128 vs cuDNN"
+    tables = [r for r in sec["rows"] if "key" in r]
+    assert [r["key"] for r in tables] == ["dkdv/32/float32", "dkdv/16/float32"]
+    assert all(not r["winner"] and INTERPRETER in r["note"] for r in tables)
+    # no winner: the sweep's table is as it was
+    assert json.loads((out / "tuning-table-cpu.json").read_text())["configs"] == SWEEP_ENTRY
+    summary = (out / "summary.md").read_text()
+    for piece in ("## Hopper: the Gluon backward (issue 43)", "**passed**: 13 of 13 cases done",
+                  "### Correctness: 10/10 pass", f"torch (route: {INTERPRETER})",
+                  "| Gluon bwd hd128 vs cuDNN | - | 0.9 | - |", "Gluon / cuDNN",
+                  "| dkdv/32/float32 |", "| hopper | done | 53/53 |"):  # fmt: skip
+        assert piece in summary, piece
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the NaN keys, interpreted
+def test_the_route_reason_under_the_interpreter(monkeypatch):
+    """The Triton route (the interpreter): the built-in kernels ran, and the row says why."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "triton")
+    row = hopper_checks.check(hopper_checks.cases(True)[1], "cpu", require_gluon=False)
+    assert (row["kernel"], row["route"], row["passed"]) == ("triton", INTERPRETER, True), row
+    row = hopper_checks.check(hopper_checks.cases(True)[1], "cpu", require_gluon=True)
+    assert not row["passed"]
+    assert row["failure"] == f"the route declined the Gluon backward: triton (route: {INTERPRETER})"
+    row = hopper_checks.check_masked_nonfinite(hopper_checks.nonfinite_case(True), "cpu",
+                                               require_gluon=False)  # fmt: skip
+    assert row["passed"] and row["finite"] and row["nan_reached"], row
+
+
+def test_a_wrong_dq_fails_its_row_the_section_and_writes_no_table(tmp_path, monkeypatch):
+    """dq made 1.5x what it should be (the forward untouched): every check of a dense, GQA or
+    varlen case fails on dq alone, the section fails quoting it, no table entry is allowed."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    for name in ("flash_attn_func", "flash_attn_varlen_func"):
+        attend = getattr(correctness, name)
+
+        def wrong_dq(q, k, v, *args, attend=attend, **kwargs):  # the same value, dq x 1.5
+            return attend(q + 0.5 * (q - q.detach()), k, v, *args, **kwargs)
+
+        monkeypatch.setattr(correctness, name, wrong_dq)
+    code, sections = run_hopper(tmp_path)
+    sec = sections["hopper"]
+    assert code == 1
+    checks = {r["case"]: r for r in sec["rows"] if "passed" in r}
+    wrong = [r for r in checks.values() if r["kind"] != "nonfinite"]
+    assert wrong and all(not r["passed"] for r in wrong)
+    assert all(r["failure"].startswith("wrong: dq err ") and " dk " not in r["failure"]
+               for r in wrong)  # fmt: skip
+    first = wrong[0]["case"]
+    assert sec["measured"][first] == f"failed: {wrong[0]['failure']}"
+    assert sec["status"].startswith(f"failed: {len(wrong)} of 53 failed (first: {first}: wrong: dq")
+    assert not (tmp_path / "tuning-table-cpu.json").exists()
+    assert "FAILED: wrong: dq err" in (tmp_path / "summary.md").read_text()
+
+
+HUNG = """
+import json, os, time
+open(os.environ["PID_FILE"], "w").write(str(os.getpid()))
+print("GUARD " + json.dumps({"cases": ["bfloat16 hd64 causal S=1024", "b"]}), flush=True)
+print("GUARD " + json.dumps({"start": "bfloat16 hd64 causal S=1024"}), flush=True)
+time.sleep(120)
+"""
+FAULTED = """
+import os, sys
+open(os.environ["PID_FILE"], "w").write(str(os.getpid()))
+sys.stderr.write("Traceback (most recent call last):\\n  ...\\ntorch.AcceleratorError: CUDA error: "
+                 "an illegal memory access was encountered\\nSearch for `cudaErrorIllegalAddress' "
+                 "for more information.\\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\\n")
+sys.exit(1)
+"""
+STATUS = {
+    "hung": "failed: guard hung: no progress in 2 s (last started: bfloat16 hd64 causal S=1024; "
+    "0 of 2 cases done)",
+    "faulted": "failed: guard faulted: exit 1: torch.AcceleratorError: CUDA error: an illegal "
+    "memory access was encountered (0 of ? cases done)",
+}
+
+
+@pytest.mark.parametrize("child", ["hung", "faulted"])
+def test_a_guard_that_hangs_or_faults_fails_only_its_section(tmp_path, monkeypatch, child):
+    """The guard's child replaced by a tiny script (a real process) that sleeps past the
+    timeout, or dies of a CUDA error: the section fails saying so, nothing of it runs in the
+    suite's process, the child is gone, and the next section (the sweep) runs: a fault in the
+    child is no fault of the suite's."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    monkeypatch.setenv("PID_FILE", str(tmp_path / "pid"))
+    script = tmp_path / "child.py"
+    script.write_text(HUNG if child == "hung" else FAULTED)
+    monkeypatch.setattr(hopper_guard, "child_command", lambda dry: [sys.executable, str(script)])
+    monkeypatch.setattr(hopper_guard, "DRY_RUN_IDLE_S", 2.0)  # the limit on the GPU: 90 s
+    monkeypatch.setattr(hopper_checks, "check", lambda *a, **k: pytest.fail("ran after the guard"))
+    code, sections = run_hopper(tmp_path / "out", "sweep")
+    sec = sections["hopper"]
+    assert code == 1
+    assert sec["status"] == STATUS[child], sec["status"]
+    assert sec["measured"]["guard (child process)"] == STATUS[child].replace("guard ", "", 1)
+    rest = {v for n, v in sec["measured"].items() if n != "guard (child process)"}
+    assert rest == {f"skipped: the guard {child}"}
+    guard = sec["rows"][0]
+    assert guard["outcome"] == child and "compile_seconds" not in sec
+    if child == "faulted":
+        assert "cudaErrorIllegalAddress" in guard["stderr_tail"]
+    with pytest.raises(ProcessLookupError):  # killed (hung) or exited (faulted), and reaped
+        os.kill(int((tmp_path / "pid").read_text()), 0)
+    assert sections["sweep"]["status"] == "done"
+    assert f"| hopper | {STATUS[child]} |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def _table_row(key: str, winner: bool) -> dict:
+    config = TileConfig(64, 128, 128, 8, 2, tma=True, warp_specialize=True)
+    return {"key": key, "config": config.__dict__, "winner": winner}
+
+
+def test_the_table_merge_keeps_existing_entries(tmp_path):
+    """The hopper section adds its winner to the sweep's table and keeps the sweep's entries;
+    a later sweep's winners keep the hopper section's."""
+    path = tmp_path / tile_sweep.table_file("NVIDIA H200")
+    assert path.name == "tuning-table-nvidia-h200.json"
+    assert (
+        hopper_timing.write_winners(path, "NVIDIA H200", [_table_row("dkdv/128/bf16", False)])
+        is None
+    )
+    assert not path.exists()  # no winner: nothing written
+    path.write_text(json.dumps({"device": "NVIDIA H200", "configs": SWEEP_ENTRY}))
+    rows = [_table_row("dkdv/128/bf16", True), _table_row("dkdv/64/bf16", False)]
+    table = hopper_timing.write_winners(path, "NVIDIA H200", rows)
+    assert table == json.loads(path.read_text())
+    assert set(table["configs"]) == {"fwd/16/float32", "dkdv/128/bf16"}
+    assert table["configs"]["dkdv/128/bf16"]["warp_specialize"]
+    later = tile_sweep.merged_table(
+        path, "NVIDIA H200", {"dq/128/bf16": TileConfig(128, 64, 128, 8, 2)}
+    )
+    assert set(later["configs"]) == {"fwd/16/float32", "dkdv/128/bf16", "dq/128/bf16"}
+
+
+def _timed_row(method: str, mode: str, head_dim: int, causal: bool, seqlen: int, tflops) -> dict:
+    return {"method": method, "mode": mode, "head_dim": head_dim, "causal": causal,
+            "seqlen": seqlen, "tflops": tflops, "variant": ""}  # fmt: skip
+
+
+def test_targets_are_the_gluon_backward_over_cudnn():
+    """The geometric mean over 4K and 16K of Gluon / cuDNN; per row, the ratios to cuDNN and
+    (Gluon rows) to today's default."""
+    rows = []
+    for seqlen, gluon in ((4096, 81.0), (16384, 100.0)):  # ratios 0.81 and 1.0: mean 0.9
+        rows += [_timed_row("flashtrain_gluon", "bwd", 128, False, seqlen, gluon),
+                 _timed_row("sdpa_cudnn_attention", "bwd", 128, False, seqlen, 100.0),
+                 _timed_row("flashtrain", "bwd", 128, False, seqlen, 50.0)]  # fmt: skip
+    rows.append(_timed_row("flashtrain_gluon", "bwd", 128, False, 1024, 1.0))  # < 4K: left out
+    targets = {t["target"]: t for t in hopper_target_ratios(rows, dry=False)}
+    assert targets["Gluon bwd hd128 vs cuDNN"]["ratio"] == pytest.approx(0.9)
+    assert targets["Gluon bwd hd128 vs cuDNN"]["passed"]
+    assert targets["Gluon fwd+bwd hd128 vs cuDNN"]["ratio"] is None
+    add_row_ratios(rows)
+    assert rows[0]["ratio_vs_cudnn"] == pytest.approx(0.81)
+    assert rows[0]["ratio_vs_flashtrain"] == pytest.approx(81 / 50)
+    assert "ratio_vs_flashtrain" not in rows[2] and rows[-1]["ratio_vs_cudnn"] is None
+
+
+def test_the_guard_covers_every_kernel_form_launched_later():
+    """Every kernel form (head_dim, causal, GQA, varlen, dtype) of the section's checks is among
+    the guard's, and so is every Gluon tile the sweep times (route.TILES, at its head dims)."""
+    forms = lambda cases: {(c.head_dim, c.causal, c.kind, c.dtype) for c in cases}  # noqa: E731
+    checks = [*hopper_checks.cases(False), hopper_checks.nonfinite_case(False)]
+    plan = hopper_checks.guard_plan(False)
+    assert forms(checks) <= forms(case for case, _ in plan)
+    tiles = {(case.head_dim, config.block_m, config.num_stages) for case, config in plan}
+    assert tiles == {(d, m, s) for d, allowed in route.TILES.items() for m, s in allowed}
+    assert all(config.warp_specialize for _, config in plan)
+
+
+def test_a_stop_ends_the_guard_child_and_the_budget_skips_the_section(tmp_path, monkeypatch):
+    """SIGINT / SIGTERM while the child runs: it is killed at once (not at its timeout) and the
+    guard says so; a child that keeps printing but never ends hangs at the total limit; with no
+    budget left the guard is not even started."""
+    monkeypatch.setenv("PID_FILE", str(tmp_path / "pid"))
+    script = tmp_path / "child.py"
+    script.write_text(HUNG)
+    polls = []
+
+    def stop_on_second_poll():
+        polls.append(1)
+        return "stopped by SIGINT" if len(polls) > 1 else None
+
+    command = [sys.executable, str(script)]
+    row = hopper_guard.run_guard(True, require_gluon=False, timeout_s=60.0,
+                                 should_stop=stop_on_second_poll, command=command)  # fmt: skip
+    assert (row["outcome"], row["seconds"] < 30) == ("stopped", True), row
+    assert row["detail"] == "stopped by SIGINT (0 of 2 cases done)"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "pid").read_text()), 0)
+    chatty = "import time\nwhile True: print('.', flush=True); time.sleep(0.1)"
+    row = hopper_guard.run_guard(True, require_gluon=False, timeout_s=1.0, idle_s=60.0,
+                                 command=[sys.executable, "-c", chatty])  # fmt: skip
+    assert row["outcome"] == "hung"
+    assert row["detail"] == (
+        "no answer in 1 s (last started: none (imports or the first compiles); 0 of ? cases done)"
+    )
+    code, sections = run_hopper(tmp_path / "out", "--budget-min", "1e-9")
+    assert code == 1
+    assert sections["hopper"]["status"] == "incomplete: 0 of 53 measured (budget)"
+
+
+def test_where_the_gluon_kernel_is_required_a_declined_route_raises(monkeypatch):
+    """As on the GPU (require_gluon): a timing or table measurement the route gives to other
+    kernels fails before anything is timed, so a fallback is never timed as the Gluon kernel."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    q, k, v = random_qkv(1, 32, 2, 16, device="cpu", dtype=torch.float32)
+    built = hopper_timing.methods(q, k, v, causal=True, names=("flashtrain_gluon",))
+    with pytest.raises(RuntimeError, match=f"the route declined the Gluon backward: {INTERPRETER}"):
+        hopper_timing.method_rows("flashtrain_gluon", built["flashtrain_gluon"], (1, 2, 32, 16),
+                                  True, 1, "cpu", require_gluon=True)  # fmt: skip
+    with pytest.raises(RuntimeError, match="the route declined the Gluon backward"):
+        hopper_timing.table_check(16, torch.float32, seqlen=32, tokens=32, rep=1, device="cpu",
+                                  require_gluon=True, verified=True)  # fmt: skip
