@@ -6,23 +6,26 @@ One program holds a key tile of BLOCK_N = 128 keys of one kv head and streams pa
 tiles that see it, for each query head of the kv head's group in turn (kernels/hopper/schedule.py
 says which, in what order). Three partitions, connected by mbarriers:
 
-  loader (1 warp, 24 registers)    K and V once; then Q and dO of every item into a ring of
-                                   STAGES shared-memory slots, with TMA (q_ready / q_empty)
-  consumers (8 warps: 2 warpgroups, the registers left, ~240 each)
+  loader (1 warp, 24 registers)    K and V once; then Q, dO and their rows' lse and delta of
+                                   every item into a ring of STAGES shared-memory slots, with
+                                   TMA (q_ready / q_empty)
+  consumers (8 warps: 2 warpgroups, the registers left: 240, 232 under Triton 3.6)
                                    warpgroup w owns keys [64w, 64w + 64) of the tile:
-                                     S^T  = K Q^T,  dP^T = V dO^T        (wgmma, swapped: keys are rows)
+                                     S^T  = K Q^T                        (wgmma, swapped: keys are rows)
                                      P^T  = exp2(S^T scale - lse)        (registers)
                                      dV  += P^T dO                       (P^T from registers)
+                                     dP^T = V dO^T
                                      dS^T = P^T (dP^T - delta)
                                      dK  += dS^T Q                       (dS^T from registers)
                                    dS^T of both halves goes to shared memory (two buffers, one
                                    partition barrier a tile), then dQ_tile = dS K (128 keys, one
                                    product split between the warpgroups) into a float32 staging
                                    tile (dq_ready / dq_empty)
-  dQ writer (1 warp)               adds each dQ tile into a float32 accumulator in global memory:
+  dQ writer (1 warp, 24 registers) adds each dQ tile into a float32 accumulator in global memory:
                                    one TMA bulk reduce-add per tile where Gluon has it (Triton
-                                   after 3.6), per-element fp32 atomics from the staging tile on
-                                   Triton 3.6 (gluon_api.TMA_REDUCE)
+                                   after 3.6); under Triton 3.6 (2 warps, 32 registers)
+                                   per-element fp32 atomics from the staging tile
+                                   (gluon_api.TMA_REDUCE)
 
 Then the launcher converts dQ = scale * accumulator to dq's dtype, as the Triton atomic-dQ path
 does. Every tile (B, S, H, D) tensor is read and written through one descriptor per sequence
