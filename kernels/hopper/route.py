@@ -7,7 +7,7 @@ a tuning table's entry, or a sweep's override; the built-in rules never do until
 it) and the call is one it covers: a Hopper GPU (sm_90: wgmma and setmaxnreg exist there only),
 a Triton whose Gluon has the Hopper API, fp16 or bf16, head_dim 64 or 128, causal or no mask, no
 dropout, soft-cap, ALiBi, window or block mask, the atomic-dQ backward (deterministic=False),
-and tensors its descriptors can address. Everything else takes the Triton kernels, with the
+descriptor loads allowed (not FLASHTRAIN_TMA=0) and tensors its descriptors can address. Everything else takes the Triton kernels, with the
 built-in dK/dV config (a warp-specialized tile is no tile for them).
 """
 
@@ -57,6 +57,8 @@ def ws_backward_blocker(cfg: TileConfig, *, q4, k4, v4, do4, dk4, dv4, lse, drop
     not. Tensors are the (B, S, H, D) views the launcher passes (a packed call: batch 1)."""
     if not cfg.warp_specialize:
         return "the dK/dV config does not ask for the warp-specialized backward"
+    if not cfg.tma:
+        return f"descriptor loads are off ({tuning.TMA_ENV}=0 or the config): it has no other"
     if not gluon_api.available():
         return f"triton {triton.__version__} has no Gluon Hopper API"
     if tuning.interpreted():

@@ -80,6 +80,14 @@ def test_the_gpu_and_the_interpreter_decide_first(monkeypatch):
     assert "does not ask" in ws_backward_blocker(default, **_call())
 
 
+def test_descriptor_loads_turned_off_turn_it_off(monkeypatch):
+    """FLASHTRAIN_TMA=0 (every launch on pointer loads) leaves the descriptor-only kernel out."""
+    monkeypatch.setenv(tuning.TMA_ENV, "0")
+    with tuning.overridden("dkdv", WS):
+        cfg = tuning.config("dkdv", 128, torch.bfloat16, torch.device("cpu"))
+    assert not cfg.tma and "FLASHTRAIN_TMA=0" in ws_backward_blocker(cfg, **_call())
+
+
 def test_only_the_compiled_tiles_are_allowed():
     for head_dim, tiles in TILES.items():
         for block_m, stages in tiles:
