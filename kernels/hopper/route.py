@@ -7,8 +7,9 @@ a tuning table's entry, or a sweep's override; the built-in rules never do until
 it) and the call is one it covers: a Hopper GPU (sm_90: wgmma and setmaxnreg exist there only),
 a Triton whose Gluon has the Hopper API, fp16 or bf16, head_dim 64 or 128, causal or no mask, no
 dropout, soft-cap, ALiBi, window or block mask, the atomic-dQ backward (deterministic=False),
-descriptor loads allowed (not FLASHTRAIN_TMA=0) and tensors its descriptors can address. Everything else takes the Triton kernels, with the
-built-in dK/dV config (a warp-specialized tile is no tile for them).
+descriptor loads allowed (not FLASHTRAIN_TMA=0) and tensors its descriptors can address.
+Everything else takes the Triton kernels, with the built-in dK/dV config (a warp-specialized
+tile is no tile for them).
 """
 
 from __future__ import annotations
