@@ -69,6 +69,8 @@ ALLOWED = {
     "lab.prepare_data": LAB_BASE,
     "lab.make_pathfinder": LAB_BASE,
     "lab.kernel_compile": LAB_BASE,
+    # the PyTorch mirror of the Gluon backward's schedule (kernels/hopper), for the CPU tests
+    "lab.hopper_bwd_mirror": LAB_BASE,
     # the launch contract: kernel_compile's stand-in driver, at the presets' and suite's shapes
     "lab.launch_contract": LAB_BASE | {"lab.kernel_compile", "lab.bench", "lab.gpu_suite"},
 }

@@ -63,6 +63,7 @@ from flashtrain.kernels.dropout_mask import dropout_keep_mask
 from flashtrain.kernels.flash_bwd import flash_backward
 from flashtrain.kernels.flash_decode import flash_decode
 from flashtrain.kernels.flash_fwd import flash_forward
+from flashtrain.kernels.hopper.route import ws_backward_config
 from flashtrain.kernels.tuning import TileConfig
 
 FACT_COLUMNS = ("block_m", "block_n", "registers", "spill", "shared", "warps", "warp_specialized",
@@ -441,11 +442,6 @@ def variant_launches():
             yield f"dkdv 64x128 w8 s2 bf16 d{head_dim} causal {mode}", (
                 lambda c=config, h=head_dim, m=deterministic: _dkdv_tiles(
                     c, head_dim=h, dtype=torch.bfloat16, deterministic=m))  # fmt: skip
-
-
-def ws_backward_config(block_m: int = 64, stages: int = 2) -> TileConfig:
-    """The dK/dV config that names the warp-specialized Gluon backward (kernels/hopper)."""
-    return TileConfig(block_m, 128, 0, 8, stages, tma=True, warp_specialize=True)
 
 
 def _ws_backward(config: TileConfig, run_backward=None, **launch):

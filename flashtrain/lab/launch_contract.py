@@ -312,7 +312,7 @@ def preset_shapes() -> list[AttentionShape]:
 
 def suite_shapes() -> list[AttentionShape]:
     """The GPU suite's attention, long and sweep shapes (lab/gpu_suite/sections.py Sizes)."""
-    from flashtrain.lab.gpu_suite.sections import Sizes
+    from flashtrain.lab.gpu_suite.suite import Sizes
 
     z = Sizes.for_run(dry=False, rep=1)
     shapes = [

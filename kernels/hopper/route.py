@@ -34,6 +34,12 @@ TILES = {64: ((64, 2), (64, 3), (128, 2)), 128: ((64, 2),)}
 MAX_FLAT_INDEX = 2**31 - 1  # lse and delta are addressed as one flat buffer with int32 coordinates
 
 
+def ws_backward_config(block_m: int = 64, stages: int = 2) -> TileConfig:
+    """The dK/dV config that names the warp-specialized backward: a tuning table's entry, a
+    sweep's override (block_d follows head_dim at launch)."""
+    return TileConfig(block_m, BLOCK_N, 0, NUM_WARPS, stages, tma=True, warp_specialize=True)
+
+
 def config_blocker(cfg: TileConfig, head_dim: int) -> str | None:
     """Why the kernel cannot run with `cfg` at `head_dim`, or None."""
     if cfg.block_n != BLOCK_N or cfg.num_warps != NUM_WARPS:

@@ -19,7 +19,8 @@ import pytest
 
 from flashtrain.kernels import tuning
 from flashtrain.kernels.hopper import gluon_api
-from flashtrain.lab.kernel_compile import hopper_launches, ws_backward_config
+from flashtrain.kernels.hopper.route import ws_backward_config
+from flashtrain.lab.kernel_compile import hopper_launches
 
 pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
 

@@ -15,7 +15,7 @@ from attention_testing import (
 
 from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
 from flashtrain.kernels import tuning
-from flashtrain.lab.kernel_compile import ws_backward_config
+from flashtrain.kernels.hopper.route import ws_backward_config
 
 pytestmark = [
     pytest.mark.single_route,  # CUDA tensors: the CPU route does not apply

@@ -9,8 +9,12 @@ from kernel_testing import run_kernels
 from flashtrain.kernels import tuning
 from flashtrain.kernels.common import UNBOUNDED
 from flashtrain.kernels.hopper import gluon_api
-from flashtrain.kernels.hopper.route import TILES, config_blocker, ws_backward_blocker
-from flashtrain.lab.kernel_compile import ws_backward_config
+from flashtrain.kernels.hopper.route import (
+    TILES,
+    config_blocker,
+    ws_backward_blocker,
+    ws_backward_config,
+)
 
 pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
 

@@ -15,7 +15,6 @@ from flashtrain.kernels.hopper import route
 from flashtrain.kernels.tuning import TileConfig
 from flashtrain.lab.bench import correctness, ws_route
 from flashtrain.lab.bench.correctness import Case
-from flashtrain.lab.kernel_compile import ws_backward_config
 
 LENGTHS = (4096, 16384)
 GROUP = 4  # query heads per kv head in the grouped-query cases
@@ -102,7 +101,7 @@ def guard_plan(dry: bool) -> list[tuple[Case, TileConfig]]:
             d, tile = stand_in[head_dim], f"{block_m}-row tiles, {stages} stages"
             name = f"{_dtype_name(first.dtype)} hd{d} causal S={first.seqlen} {tile}"
             case = Case(name, first.dtype, d, True, batch=1, seqlen=first.seqlen, heads=2)
-            plan.append((case, ws_backward_config(block_m=block_m, stages=stages)))
+            plan.append((case, route.ws_backward_config(block_m=block_m, stages=stages)))
     return plan
 
 

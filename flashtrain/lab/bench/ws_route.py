@@ -14,9 +14,8 @@ import torch
 from flashtrain.attention.route import choose_route
 from flashtrain.kernels import tuning
 from flashtrain.kernels.common import UNBOUNDED
-from flashtrain.kernels.hopper.route import ws_backward_blocker
+from flashtrain.kernels.hopper.route import ws_backward_blocker, ws_backward_config
 from flashtrain.kernels.tuning import TileConfig
-from flashtrain.lab.kernel_compile import ws_backward_config
 
 GLUON = "gluon"  # the kernel field of a call the Gluon backward computes
 GLUON_KERNEL = "flash_backward_ws_kernel"  # its name in a GPU trace

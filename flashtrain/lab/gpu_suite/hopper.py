@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,9 +43,7 @@ from flashtrain.lab.bench import (
 )
 from flashtrain.lab.bench.attention_rows import random_qkv
 from flashtrain.lab.gpu_suite.record import Section, SectionFailed
-
-if TYPE_CHECKING:
-    from flashtrain.lab.gpu_suite.sections import Suite
+from flashtrain.lab.gpu_suite.suite import Suite
 
 GUARD = "guard (child process)"
 # per shape, cuDNN first: the ratios' denominator is on record before the rows it divides

@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -56,7 +55,8 @@ from flashtrain.lab.bench import (
 from flashtrain.lab.bench.attention_rows import bench_method, random_qkv, skipped_rows
 from flashtrain.lab.checkout import TESTS
 from flashtrain.lab.gpu_suite.hopper import section_hopper
-from flashtrain.lab.gpu_suite.record import Record, Section, SectionFailed
+from flashtrain.lab.gpu_suite.record import Section, SectionFailed
+from flashtrain.lab.gpu_suite.suite import Sizes, Suite
 
 # The Python modules each section needs beyond torch and triton (the GPU image lacks hydra):
 # a missing one is named at start and fails only the sections that need it.
@@ -67,59 +67,6 @@ PYTEST_JUNIT, PYTEST_LOG = "pytest-junit.xml", "pytest.log"
 ATTENTION_METHODS = ("flashtrain", "sdpa_flash_attention", "sdpa_cudnn_attention")
 # (head_dim, causal) in the order of the targets' value: the issue-12 targets' shapes first
 ATTENTION_ORDER = ((128, False), (64, True), (128, True), (64, False))
-
-
-@dataclass(frozen=True)
-class Sizes:
-    dtype: torch.dtype
-    head_dims: tuple[int, ...]  # the attention and sweep head dims (targets' first)
-    seqlens: tuple[int, ...]  # the attention targets' lengths
-    tokens: int  # per attention batch (batch = tokens // seqlen)
-    hidden: int  # heads * head_dim
-    sparse: tuple[int, int, int]  # block-sparse: seqlen, block size, window in blocks
-    matmul_n: int
-    copy_mib: int
-    long: tuple[int, int, int, int]  # 64K run: batch, seqlen, heads, head_dim
-    train_seqlen: int
-    train_steps: int
-    train_compile: bool
-    llama_seqlens: tuple[int, ...]  # the long context first
-    llama_steps: int
-    decode: tuple[int, int, int, int]  # batch, query heads, KV heads, head_dim
-    decode_lens: tuple[int, ...]  # KV cache tokens
-    sweep_seqlen: int
-    rep: int
-    # longctx: P ranks, tile_tokens of its tiled rows, tokens per GPU (long_context_plan.suite_rows)
-    longctx: tuple[int, int, tuple[int, ...]] = (8, 16384, (131072, 262144))
-
-    @classmethod
-    def for_run(cls, dry: bool, rep: int) -> Sizes:
-        if dry:  # toys on CPU: the code paths, no figure
-            return cls(torch.float32, (32, 16), (64, 128), 256, 64, (256, 64, 1), 256, 8,
-                       (1, 256, 2, 16), 64, 6, False, (64,), 6, (1, 4, 2, 16), (64, 256), 64,
-                       2, longctx=(4, 32, (64, 128)))  # fmt: skip
-        return cls(torch.bfloat16, (128, 64), (4096, 16384), 16384, 2048, (16384, 128, 8), 8192,
-                   1024, (1, 65536, 16, 128), 1024, 20, True, (16384, 1024), 12,
-                   (1, 32, 8, 128), (4096, 16384, 65536, 8192, 32768), 4096, rep)  # fmt: skip
-
-
-@dataclass
-class Suite:
-    record: Record
-    out: Path
-    dry: bool
-    sizes: Sizes
-    pytest_args: tuple[str, ...]
-
-    @property
-    def device(self) -> str:
-        return "cpu" if self.dry else "cuda"
-
-    @property
-    def compile_workers(self) -> int:
-        """Threads of a compile phase: a core each on the GPU machine (Triton's compiler releases
-        the GIL); one in the dry run (the Triton interpreter of the tests patches modules)."""
-        return 1 if self.dry else os.cpu_count() or 8
 
 
 def missing_modules(names) -> list[str]:
