@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 from pathlib import Path
@@ -13,7 +14,17 @@ if str(REPO) not in sys.path:  # the package may not be pip-installed
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()):
-    """configs/train.yaml with overrides, as train.py would see it (minus the hydra node)."""
+    """configs/train.yaml with overrides, as train.py would see it (minus the hydra node).
+
+    A copy of the config composed for the same overrides earlier in this process: the files do
+    not change during a run, and of the suite's ~370 composes ~140 repeat one (0.1-0.25 s each,
+    a copy ~2 ms). Interpolations stay unresolved in the copy, as in a fresh compose."""
+    return copy.deepcopy(_composed(tuple(overrides)))
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]):
+    """The one composed config per overrides; never handed out (tests change theirs)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 

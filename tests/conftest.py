@@ -10,12 +10,16 @@ triton under a new numpy (flashtrain.kernels.interpreter_compat) is applied here
 Every test runs on one intra-op thread: the test shapes are tiny and gain nothing from more, and
 on a machine whose cores are shared, OpenMP's spinning worker threads make each small op many
 times slower.
+
+The garbage collector leaves alone what the session holds for good (gc_freeze.py).
 """
 
 import os
 
 import pytest
 import torch
+
+pytest_plugins = ["gc_freeze"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test touches the network (tokenizer downloads)
 # One intra-op thread per test process (xdist runs one per core): the trainer's thread choice

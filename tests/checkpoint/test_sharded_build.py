@@ -6,14 +6,17 @@ On every rank: fully_shard received meta parameters; the anonymous memory the pr
 (polled while initial_weights runs) grows by no more than its shards plus one block; it reads the
 rows of its shards and nothing else (the safetensors reads counted at the file); the gathered
 weights equal the source's exactly, and fresh ones have the configured spread with no two ranks'
-shards alike. The trainer itself is checked to shard before any weight exists."""
+shards alike. The trainer itself is checked to shard before any weight exists.
+
+The ranks fork from tests/spawn_testing.py's forkserver (torch and the models imported once, not
+once per rank); each sets glibc's mmap threshold itself, since the server's environment is
+whatever it started with."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
-import os
-import socket
 import threading
 import time
 import warnings
@@ -22,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
+from spawn_testing import run_ranks
 
 from flashtrain.checkpoint import initial_weights
 from flashtrain.checkpoint.write import save_checkpoint
@@ -37,12 +40,14 @@ WORLD = 2
 # the vocabulary and positions do not split evenly over the ranks
 BIG_GPT2 = dict(arch="gpt2", n_layer=24, n_head=4, d_model=256, vocab_size=4099, max_seq_len=65)
 SLACK = 8 * 2**20  # the allocator's and the interpreter's own churn
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter, as MALLOC_MMAP_THRESHOLD_ sets it
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _map_large_blocks_one_by_one() -> None:
+    """glibc hands every block of 64 KiB or more to the OS and back (a fixed threshold: no reuse
+    of the previous source's freed model), so each source's growth is its own."""
+    if ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 2**16) != 1:
+        raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed")
 
 
 def _anon_bytes() -> int:
@@ -118,10 +123,8 @@ def sources(tmp_path_factory):
     return root
 
 
-def _rank(rank: int, world: int, port: int, root: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
+def _rank(rank: int, world: int, root: str) -> None:
+    _map_large_blocks_one_by_one()
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -185,7 +188,6 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
             ]  # fmt: skip
         del model, params
     (root / f"rank{rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
 
 
 def test_the_trainer_shards_the_model_before_any_weight_exists(tmp_path, monkeypatch):
@@ -216,12 +218,8 @@ def test_the_trainer_shards_the_model_before_any_weight_exists(tmp_path, monkeyp
         trainer.close()
 
 
-def test_each_rank_holds_and_reads_only_its_shards(sources, monkeypatch):
-    # glibc hands every large block to the OS and back (no reuse of the previous source's
-    # freed model), so each source's growth is its own
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(2**16))
-    mp.start_processes(_rank, args=(WORLD, _port(), str(sources)), nprocs=WORLD, join=True,
-                       start_method="spawn")  # fmt: skip
+def test_each_rank_holds_and_reads_only_its_shards(sources, tmp_path):
+    run_ranks(_rank, WORLD, tmp_path, str(sources))
     for rank in range(WORLD):
         results = json.loads((sources / f"rank{rank}.json").read_text())
         for name, r in results.items():
