@@ -14,7 +14,8 @@
     load_model.py      the one loader of a saved model, and CheckpointInfo
     initial_weights.py a run's initial weights: fresh, then model.init_from's, per shard
     export_hf.py       a trainer checkpoint -> a folder transformers' from_pretrained loads
-    export_folder.py   where an export may go, what --overwrite replaces, the swap into place
+    export_folder.py   where an export may go, its claim on it, what --overwrite replaces, the
+                       swap into place
 
 Below the trainer, generate/evaluate and export; above the models and flashtrain.hf (the
 transformers weight mapping it reads hf: sources with).

@@ -2,10 +2,15 @@
 
 CKPT: a run directory, its checkpoints folder (the newest intact checkpoint; a damaged newer
 one is passed over with a line naming it) or a step_NNNNNN folder; single-process and sharded
-(FSDP2 / DCP) checkpoints alike. OUT_DIR must lie outside the run; --overwrite replaces only a
-previous export (a folder holding flashtrain_export.json) or an empty folder. Exit 2 on bad
-input (a missing or damaged checkpoint, a model with no transformers equivalent, an OUT_DIR in
-the run or existing, tokenizer files other than the ones the run trained with).
+(FSDP2 / DCP) checkpoints alike. OUT_DIR must lie outside the run and not be a symbolic link;
+--overwrite replaces only a previous export (a folder holding flashtrain_export.json) or an
+empty folder. An export claims OUT_DIR while it writes (the hidden .NAME.lock beside it): a
+second export of the same OUT_DIR is refused, --overwrite or not, and nothing that appears at
+OUT_DIR meanwhile is replaced. Exit 2, with one line saying what to do, on bad input (a missing
+or damaged checkpoint, a model with no transformers equivalent, an OUT_DIR in the run, existing,
+being written by another export or appeared meanwhile, tokenizer files other than the ones the
+run trained with) and on an OUT_DIR that cannot be written (permissions, a read-only file
+system, a full disk: the partial export is removed).
 """
 
 from __future__ import annotations
@@ -13,8 +18,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from flashtrain.checkpoint.export_folder import OutDirNotWritable
 from flashtrain.checkpoint.export_hf import DTYPES, export_checkpoint
 from flashtrain.checkpoint.manifest import CheckpointError
+
+# bad input, or an OUT_DIR that another export holds or the file system refuses: one line, exit 2
+REFUSALS = (
+    CheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError, OutDirNotWritable
+)  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite,
             on_note=lambda line: print(f"export_hf: {line}", file=sys.stderr),
         )
-    except (CheckpointError, ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
+    except REFUSALS as e:
         print(f"export_hf: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     print(f"exported {args.checkpoint} -> {out}")

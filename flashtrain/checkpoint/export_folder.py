@@ -1,27 +1,57 @@
 """The folder an export writes: where it may go, what --overwrite may replace, and how the new
 one takes its place.
 
-An export replaces OUT_DIR whole, so OUT_DIR must share nothing with the run it reads, and
-overwrite replaces only a previous export (a folder with flashtrain_export.json, or the
-config.json + README.md of an export written before that file existed) or an empty folder. The
-new folder is written under a hidden name carrying the writer's pid (.NAME.tmp-PID-*) and renamed
-into place when complete; the next export of the same OUT_DIR removes what a killed one left.
+An export replaces OUT_DIR whole, so OUT_DIR must share nothing with the run it reads, must not
+be a symbolic link (the link would be replaced, not the folder it names), and overwrite replaces
+only a previous export (a folder with flashtrain_export.json, or the config.json + README.md of
+an export written before that file existed) or an empty folder. The new folder is written under a
+hidden name carrying the writer's pid (.NAME.tmp-PID-*) and renamed into place when complete;
+the next export of the same OUT_DIR removes what a killed one left.
+
+Two exports of one OUT_DIR would replace each other, so an export claims OUT_DIR from its first
+write to its final rename: an advisory flock on the hidden .NAME.lock beside it (the kernel
+releases it when its holder exits in any way, kill -9 included, so a killed export blocks
+nobody), naming its holder for the refusal. The claimant checks OUT_DIR again under the claim,
+and the final rename replaces nothing that appeared meanwhile without the claim (a copy, an
+older flashtrain): it refuses instead. A write the file system refuses (permissions, read-only,
+full) is one line naming OUT_DIR, never the hidden folder (OutDirNotWritable).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
+import fcntl
 import json
+import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
+from flashtrain.checkpoint.run_lock import UNSUPPORTED
 from flashtrain.file_integrity import fsync_directory
+
+log = logging.getLogger("flashtrain.checkpoint")
 
 EXPORT_MARKER = "flashtrain_export.json"  # what makes a folder a previous export (overwrite)
 README_MARK = "Exported by flashtrain"  # the README's first words: exports before the marker
+# what the user can do when the file system refuses a write of the export, by errno
+WRITE_REFUSALS = {
+    errno.EACCES: "choose an OUT_DIR in a folder you can write, or fix that folder's permissions",
+    errno.EPERM: "choose an OUT_DIR in a folder you can write, or fix that folder's permissions",
+    errno.EROFS: "choose an OUT_DIR on a writable file system",
+    errno.ENOSPC: "free space there, or choose an OUT_DIR on another disk",
+    errno.EDQUOT: "free space in your quota, or choose an OUT_DIR on another disk",
+}
+RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # safetensors' and tokenizers' I/O errors
+
+
+class OutDirNotWritable(OSError):
+    """The file system refused a write of the export (permissions, read-only, full)."""
 
 
 def refuse_out_dir_in_the_run(out: Path, checkpoint, step_dir: Path) -> None:
@@ -44,11 +74,25 @@ def refuse_out_dir_in_the_run(out: Path, checkpoint, step_dir: Path) -> None:
             )
 
 
-def refuse_what_overwrite_would_lose(out: Path, overwrite: bool) -> None:
+def refuse_what_overwrite_would_lose(out: Path, overwrite: bool, meanwhile: bool = False) -> None:
+    """Refuse an existing OUT_DIR unless overwrite and it is a previous export or empty, and a
+    symbolic link always. meanwhile: checking again, under the claim or before the final rename
+    (what is there now appeared while this export ran, or it would have been refused at first)."""
     if not (out.exists() or out.is_symlink()):
         return
+    if out.is_symlink():
+        raise FileExistsError(
+            f"OUT_DIR {out} is a symbolic link to {out.resolve()}: an export replaces its "
+            f"OUT_DIR whole, the link and not the folder it names; give that folder itself, or "
+            f"another OUT_DIR"
+        )
     if not overwrite:
-        raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
+        if meanwhile:
+            raise _appeared_meanwhile(out)
+        raise FileExistsError(
+            f"{out} exists; pass overwrite=True (--overwrite) to replace it, or choose another "
+            f"OUT_DIR"
+        )
     if _is_previous_export(out):
         return
     if out.is_dir():
@@ -129,21 +173,193 @@ def finish_files(folder: Path) -> None:
     fsync_directory(folder)
 
 
-def swap_into_place(tmp: Path, out: Path) -> None:
-    if out.exists():
+def swap_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename the finished export into place, checking OUT_DIR once more first: a writer that
+    took no claim may have put something there meanwhile, which is never silently replaced."""
+    refuse_what_overwrite_would_lose(out, overwrite, meanwhile=True)
+    if out.exists():  # overwrite: a previous export or an empty folder
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.rename(out, old)
-        os.rename(tmp, out)
+        _rename_replacing_nothing(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
     else:
-        os.rename(tmp, out)
+        _rename_replacing_nothing(tmp, out)
     fsync_directory(out.parent)
 
 
+def _rename_replacing_nothing(tmp: Path, out: Path) -> None:
+    """rename(2) of a folder fails onto a file or a non-empty folder (it replaces only an empty
+    one, which loses nothing): what appeared since the check above is refused, not replaced."""
+    try:
+        os.rename(tmp, out)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise
+        raise _appeared_meanwhile(out) from e
+
+
+def _appeared_meanwhile(out: Path) -> FileExistsError:
+    return FileExistsError(
+        f"{out} appeared while this export ran (another export finished, or a copy?) and was "
+        f"left as it is; pass overwrite=True (--overwrite) to replace it, or choose another OUT_DIR"
+    )
+
+
 def temporary_folder_beside(out: Path) -> Path:
-    """A new hidden folder to write the export in, after removing what killed exports of the
-    same OUT_DIR left. The pid in its name tells a killed export's leftovers from a running
-    one's."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """A new hidden folder to write the export in (under the claim of OUT_DIR), after removing
+    what killed exports of the same OUT_DIR left. The pid in its name tells a killed export's
+    leftovers from a running one's."""
     remove_killed_exports(out)
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+
+
+@contextlib.contextmanager
+def claim_out_dir(out: Path):
+    """Hold OUT_DIR for this export: create its parent folders, lock .NAME.lock beside it and
+    write who holds it. FileExistsError naming the holder when another export holds it."""
+    _make_parent_folder(out)
+    handle = _lock(out)
+    try:
+        _say_who_holds(handle)
+        yield
+    finally:
+        # deleted while still locked: an export that opened it meanwhile locks a new one
+        with contextlib.suppress(OSError):
+            _lock_file(out).unlink()
+        handle.close()  # releases the flock
+
+
+def _lock_file(out: Path) -> Path:
+    return out.with_name(f".{out.name}.lock")
+
+
+def _make_parent_folder(out: Path) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        not_folders = (p for p in reversed(out.parents) if p.is_symlink() or p.exists())
+        in_the_way = next((p for p in not_folders if not p.is_dir()), out.parent)
+        what = "a file" if in_the_way.exists() else "a broken symbolic link"
+        raise FileExistsError(
+            f"OUT_DIR {out} cannot be created: {in_the_way} is {what}, not a folder; choose "
+            f"another OUT_DIR"
+        ) from e
+
+
+def _lock(out: Path):
+    """The open lock file of OUT_DIR, flock-ed by this process (run_lock.py's way)."""
+    lock = _lock_file(out)
+    while True:
+        handle = _open_lock_file(lock)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(lock)
+            handle.close()
+            raise FileExistsError(
+                f"OUT_DIR {out} is being written by another export ({holder}): two exports "
+                f"into one folder would replace each other; wait for it to finish, or choose "
+                f"another OUT_DIR"
+            ) from None
+        except OSError as e:
+            if e.errno not in UNSUPPORTED:
+                handle.close()
+                raise
+            log.warning(
+                "OUT_DIR %s: its file system has no file locks (%s); another export into it "
+                "would not be noticed until the final rename",
+                out,
+                e.strerror,
+            )
+            return handle
+        if _still_the_lock_file(lock, handle):
+            return handle
+        handle.close()  # its holder deleted it on release: lock the new one
+
+
+def _open_lock_file(lock: Path):
+    try:
+        return open(lock, "a+")  # noqa: SIM115 - held until the claim ends
+    except PermissionError:
+        if not lock.is_file():
+            raise
+        # another user's, left by a killed export: flock needs no write access
+        return open(lock)  # noqa: SIM115
+
+
+def _still_the_lock_file(lock: Path, handle) -> bool:
+    try:
+        return os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _read_holder(lock: Path) -> str:
+    try:
+        holder = json.loads(lock.read_text() or "{}")
+    except (OSError, ValueError):
+        holder = {}
+    if not holder:
+        return "it has not said which yet"
+    return f"host {holder.get('host')}, pid {holder.get('pid')}, since {holder.get('since')}"
+
+
+def _say_who_holds(handle) -> None:
+    if not handle.writable():  # another user's lock file: held, nameless
+        return
+    handle.seek(0)
+    handle.truncate()
+    holder = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+    handle.write(json.dumps(holder) + "\n")
+    handle.flush()
+
+
+@contextlib.contextmanager
+def refused_writes_named(out: Path):
+    """A write of the export the file system refuses (permissions, read-only, full) becomes one
+    line naming OUT_DIR and what to do, not a traceback naming the hidden temporary folder.
+    Errors about other files (reading the run's tokenizer) pass through unchanged."""
+    try:
+        yield
+    except Exception as e:
+        code = _write_errno(e, out)
+        if code is None:
+            raise
+        raise OutDirNotWritable(
+            f"OUT_DIR {out} cannot be written: {os.strerror(code)} in {_refusing_folder(e, out)}"
+            f"{' (the partial export was removed)' if code in (errno.ENOSPC, errno.EDQUOT) else ''}"
+            f"; {WRITE_REFUSALS[code]}"
+        ) from e
+
+
+def _write_errno(e: Exception, out: Path) -> int | None:
+    """The errno of a refused write of this export; None for anything else."""
+    if isinstance(e, OutDirNotWritable):
+        return None
+    if isinstance(e, OSError):
+        code = e.errno
+        if e.filename is not None and not _is_ours(Path(os.fsdecode(e.filename)), out):
+            return None
+    else:  # safetensors (Rust) says "... (os error 28)" and names no file
+        match = RUST_OS_ERROR.search(str(e))
+        code = int(match.group(1)) if match else None
+    return code if code in WRITE_REFUSALS else None
+
+
+def _is_ours(path: Path, out: Path) -> bool:
+    """A path this export writes: OUT_DIR, a folder it creates above it, or a hidden one
+    beside it (.NAME.lock, .NAME.tmp-PID-*, .NAME.old-PID and what they hold)."""
+    hidden = str(out.parent / f".{out.name}.")
+    return path == out or path in out.parents or str(path).startswith(hidden)
+
+
+def _refusing_folder(e: Exception, out: Path) -> Path:
+    """The folder to name: OUT_DIR itself when the refusal is about it, else the nearest folder
+    that exists above it (never the hidden temporary one, which the user did not choose)."""
+    if isinstance(e, OSError) and e.filename is not None and Path(os.fsdecode(e.filename)) == out:
+        return out
+    return next(p for p in out.parents if p.exists())

@@ -7,7 +7,8 @@ generation_config.json for decoders, the run's tokenizer files when it used a Hu
 tokenizer (checked to be the files the weights were trained with), a README.md (where it came
 from; byte-level runs: how ids are made) and flashtrain_export.json (what marks the folder as an
 export). Everything is written into a temporary folder beside OUT_DIR and renamed into place
-when complete, so OUT_DIR is either absent, the previous export, or the whole new one.
+when complete, so OUT_DIR is either absent, the previous export, or the whole new one; the
+export claims OUT_DIR while it writes, so two exports of one folder never both succeed.
 
 Never losing data: an OUT_DIR that is, holds or lies inside the exported run is refused, and
 overwrite replaces only a previous export (flashtrain/checkpoint/export_folder.py).
@@ -26,10 +27,12 @@ from omegaconf import OmegaConf
 from flashtrain.checkpoint.export_folder import (
     EXPORT_MARKER,
     README_MARK,
+    claim_out_dir,
     export_marker,
     finish_files,
     refuse_out_dir_in_the_run,
     refuse_what_overwrite_would_lose,
+    refused_writes_named,
     swap_into_place,
     temporary_folder_beside,
 )
@@ -59,14 +62,16 @@ def export_checkpoint(
     tokenizer=False skips the tokenizer files (e.g. when the vocabulary files are not on this
     machine). on_note(line): told of each damaged newer checkpoint passed over (default: a
     warning in the log). Returns out_dir. Refuses (ValueError) an out_dir that is, holds or
-    lies in the exported run, and (FileExistsError) an existing one unless overwrite, and then
-    unless it is a previous export or empty."""
+    lies in the exported run; (FileExistsError) an existing one unless overwrite, and then
+    unless it is a previous export or empty, a symbolic link, one another export is writing or
+    that appeared while this one ran; (OutDirNotWritable) one the file system refuses to write
+    (permissions, read-only, full), after removing the partial export."""
     out = Path(out_dir).absolute()
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
     step_dir = resolve_checkpoint(checkpoint, on_skip=on_note)
     refuse_out_dir_in_the_run(out, checkpoint, step_dir)
-    refuse_what_overwrite_would_lose(out, overwrite)
+    refuse_what_overwrite_would_lose(out, overwrite)  # before the model loads: refused at once
     model, info = load_model(step_dir, attention="reference")
     mapping = mapping_for(model.config)  # refuses what has no transformers twin, before writing
     mapping.hf_config(model.config)
@@ -77,26 +82,37 @@ def export_checkpoint(
     )
     trained_tokenizer = _trained_tokenizer(run_config, info) if tokenizer else None
 
-    tmp = temporary_folder_beside(out)
-    try:
-        if tokenizer:
-            tok = write_tokenizer(run_config, tmp, model.config.max_seq_len, trained_tokenizer)
-        else:
-            tok = TokenizerInfo(None, readme="Tokenizer files were not exported (--no-tokenizer).")
-        hf_model = to_hf(model, extra_config=tok.token_ids)
-        hf_model.save_pretrained(tmp, max_shard_size=max_shard_size)
-        if model.config.arch in DECODERS:
-            from transformers import GenerationConfig
-
-            GenerationConfig(**tok.token_ids).save_pretrained(tmp)
-        (tmp / "README.md").write_text(_readme(info, hf_model, tok, model.config))
-        (tmp / EXPORT_MARKER).write_text(json.dumps(export_marker(info), indent=2) + "\n")
-        finish_files(tmp)
-        swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with refused_writes_named(out), claim_out_dir(out):
+        # again, holding OUT_DIR: another export may have finished while the model loaded
+        refuse_what_overwrite_would_lose(out, overwrite, meanwhile=True)
+        tmp = temporary_folder_beside(out)
+        try:
+            _write_export(
+                tmp, model, info, run_config, tokenizer, trained_tokenizer, max_shard_size
+            )
+            finish_files(tmp)
+            swap_into_place(tmp, out, overwrite)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
+
+
+def _write_export(
+    folder: Path, model, info, run_config: dict, tokenizer: bool, trained_tokenizer, max_shard_size
+) -> None:
+    if tokenizer:
+        tok = write_tokenizer(run_config, folder, model.config.max_seq_len, trained_tokenizer)
+    else:
+        tok = TokenizerInfo(None, readme="Tokenizer files were not exported (--no-tokenizer).")
+    hf_model = to_hf(model, extra_config=tok.token_ids)
+    hf_model.save_pretrained(folder, max_shard_size=max_shard_size)
+    if model.config.arch in DECODERS:
+        from transformers import GenerationConfig
+
+        GenerationConfig(**tok.token_ids).save_pretrained(folder)
+    (folder / "README.md").write_text(_readme(info, hf_model, tok, model.config))
+    (folder / EXPORT_MARKER).write_text(json.dumps(export_marker(info), indent=2) + "\n")
 
 
 def _trained_tokenizer(run_config: dict, info):

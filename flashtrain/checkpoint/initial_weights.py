@@ -39,8 +39,9 @@ def initial_weights(
     weights already keeps them), then read `init_from`'s over them (every rank of the process
     group calls this). Returns what was read (None without init_from). A source that does not
     fit the model is a ValueError naming model.init_from and what differs; a damaged
-    checkpoint a CheckpointError. position_mode: how positional tables of another length
-    resize (interpolate | copy; default the model's config.init_positions)."""
+    checkpoint a CheckpointError (of a run or checkpoints folder, its newest intact one is read,
+    the log naming each damaged newer one passed over). position_mode: how positional tables
+    of another length resize (interpolate | copy; default the model's config.init_positions)."""
     if any(t.is_meta for t in model.parameters()):
         if device is None:
             raise ValueError("the model is on the meta device: say which device to place it on")
@@ -50,7 +51,9 @@ def initial_weights(
     what = f"model.init_from={init_from}"
     cfg = model.config
     try:
-        source = open_source(init_from, collective=True)
+        source = open_source(
+            init_from, collective=True, on_note=lambda line: log.warning("%s: %s", what, line)
+        )
         source.check_model(cfg)
         rows = source.rows_for(cfg, model)
         report = fill_from(

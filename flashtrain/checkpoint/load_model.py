@@ -1,7 +1,8 @@
 """The one loader of a saved model: generate, evaluate, export and Python all call it.
 
     model, info = load_model("outputs/2026-01-01/12-00-00")    # a run directory, its
-    # checkpoints/ folder or one step_NNNNNN folder (its files checked against their checksums)
+    # checkpoints/ folder (its newest intact checkpoint) or one step_NNNNNN folder (its files
+    # checked against their checksums)
     model, info = load_model("hf:openai-community/gpt2")       # a transformers folder or hub id
     info.step, info.run_config, info.run_info, info.facts()
 
@@ -61,13 +62,15 @@ def load_model(
     device: str | torch.device = "cpu",
     max_seq_len: int | None = None,
     position_mode: str = "interpolate",
+    on_note=None,
 ) -> tuple[TransformerModel, CheckpointInfo]:
     """The model saved at `ref` and where it came from.
 
     attention: the attention config or impl to run with (default: the run's own; "flash" for a
     transformers checkpoint). max_seq_len: build for this many positions instead of the saved
-    length (learned tables resized by `position_mode`: interpolate or copy)."""
-    source = open_source(ref)
+    length (learned tables resized by `position_mode`: interpolate or copy). on_note(line):
+    told of each damaged newer checkpoint passed over (default: a warning in the log)."""
+    source = open_source(ref, on_note=on_note)
     model_cfg = {**source.model_config(), "init_from": None}
     if max_seq_len is not None:
         model_cfg["max_seq_len"] = max_seq_len

@@ -31,7 +31,17 @@ Manifest = dict[str, dict]
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message names it and what to do instead."""
+    """A checkpoint that cannot be used; the message names it and what to do instead.
+    `problem`: the message without its advice (verify_files' is a resume's, which a command
+    passing over a damaged checkpoint words its own way)."""
+
+    def __init__(self, message: str, *, problem: str | None = None):
+        super().__init__(message)
+        self.problem = problem if problem is not None else message
+
+
+def damaged(problem: str, advice: str) -> CheckpointError:
+    return CheckpointError(f"{problem} {advice}", problem=problem)
 
 
 class NoSpaceError(RuntimeError):
@@ -151,23 +161,25 @@ def verify_files(directory: Path, manifest: Manifest, names: Iterable[str] | Non
         try:
             stat = file.stat()
         except FileNotFoundError:
-            raise CheckpointError(
-                f"checkpoint {directory} is incomplete: {name} (listed in its {META}) is missing. "
-                + redo
+            raise damaged(
+                f"checkpoint {directory} is incomplete: {name} (listed in its {META}) is missing.",
+                redo,
             ) from None
         if stat.st_size != entry["bytes"]:
-            raise CheckpointError(
+            raise damaged(
                 f"checkpoint {directory} is corrupt: {name} has {stat.st_size} bytes, "
-                f"{entry['bytes']} were written. " + redo
+                f"{entry['bytes']} were written.",
+                redo,
             )
         key = _identity(stat)
         if _verified.get(key) == entry[ALGORITHM]:
             continue
         digest, _ = hash_file(file)
         if digest != entry[ALGORITHM]:
-            raise CheckpointError(
+            raise damaged(
                 f"checkpoint {directory} is corrupt: {name} does not match the {ALGORITHM} "
-                f"recorded when it was written (it changed on disk or in a copy). " + redo
+                f"recorded when it was written (it changed on disk or in a copy).",
+                redo,
             )
         _verified[key] = digest
 

@@ -15,7 +15,9 @@ Layout of one checkpoint (a directory under the run's checkpoints/ folder):
     latest             the name of the newest checkpoint
 
 Loading checks every file against the checksums first; `resume=auto` passes over a damaged
-checkpoint to the newest intact one. Model and optimizer state go through
+checkpoint to the newest intact one, as do the commands after training (export, generate,
+evaluate, model.init_from: resolve_checkpoint) named a run or its checkpoints folder; a damaged
+step folder named explicitly is refused. Model and optimizer state go through
 torch.distributed.checkpoint.state_dict (parameter names as keys, wrapper prefixes removed), so
 either format loads into single, DDP or FSDP2 runs.
 The model's weights alone (model.init_from, load_model) are read by sources.py, a row range at
@@ -122,20 +124,16 @@ def resolve_resume(
         if found:
             verify_checkpoint(found[-1].path, allow_unverified=allow_unverified)
             return found[-1].path
-        if any(path.glob("*.pt")) or (path / ".metadata").exists():
-            raise CheckpointError(
-                f"{path} is not a complete flashtrain checkpoint (it has no {META}; it was "
-                f"probably cut off while being written). Resume from an older one instead."
-            )
-        raise CheckpointError(f"no checkpoint in {path} (expected step_NNNNNN/{META} inside)")
+        raise _no_checkpoint_in(path, "resume from an older one instead")
     raise CheckpointError(f"trainer.resume={resume}: no such checkpoint directory")
 
 
 def resolve_checkpoint(path: str | os.PathLike, *, on_skip=None) -> Path:
-    """The checkpoint a command after training names (export, generate, evaluate), its files
-    checked: a step_NNNNNN folder (refused when damaged), or a checkpoints folder or run
-    directory: its newest intact checkpoint, each damaged newer one passed over with a line
-    to on_skip (default: a warning in the log) naming it and why."""
+    """The checkpoint a command after training names (export, generate, evaluate,
+    model.init_from), its files checked: a step_NNNNNN folder (refused when damaged, saying what
+    to name instead), or a checkpoints folder or run directory: its newest intact checkpoint,
+    each damaged newer one passed over with a line to on_skip (default: a warning in the log)
+    naming it and why."""
     path = Path(path).expanduser()
     if not path.is_dir():
         what = "is not a directory" if path.exists() else "does not exist"
@@ -145,9 +143,50 @@ def resolve_checkpoint(path: str | os.PathLike, *, on_skip=None) -> Path:
         )
     if (path / "checkpoints").is_dir() and not (path / META).exists():
         path = path / "checkpoints"  # a run directory
-    if (path / META).is_file() or not find_checkpoints(path):
-        return resolve_resume(str(path), path)  # one checkpoint, or the error naming none
-    return _newest_intact(path, False, what="", on_skip=on_skip, fix="name an intact copy")
+    if (path / META).is_file():
+        return _checked_as_named(path)
+    if not find_checkpoints(path):
+        raise _no_checkpoint_in(path, _named_instead(path))
+    return _newest_intact(
+        path, False, what="", on_skip=on_skip, fix="restore one from a copy, or name another run"
+    )
+
+
+def _checked_as_named(step_dir: Path) -> Path:
+    """A step folder a command names, its files checked; a damaged one is refused saying what
+    to name instead (an older checkpoint is never taken in its place unasked)."""
+    try:
+        verify_checkpoint(step_dir)
+    except (UnverifiedCheckpointError, FutureCheckpointError):
+        raise  # not damaged: another checkpoint would not do instead
+    except CheckpointError as e:
+        raise CheckpointError(f"{_problem(e).rstrip('.')}; {_named_instead(step_dir)}") from e
+    return step_dir
+
+
+def _named_instead(step_dir: Path) -> str:
+    """What a command after training may name instead of step folder `step_dir`."""
+    folder = step_dir.parent
+    run = folder.parent if folder.name == "checkpoints" else folder
+    return f"name {run} to take its newest intact checkpoint, or another step folder"
+
+
+def _no_checkpoint_in(path: Path, instead: str) -> CheckpointError:
+    """A folder holding no checkpoint: a checkpoint's files without its meta.json (a copy or a
+    prune cut short), or nothing of one."""
+    if any(path.glob("*.pt")) or (path / ".metadata").exists():
+        return CheckpointError(
+            f"{path} is not a complete flashtrain checkpoint (it has no {META}; it was "
+            f"probably cut off while being written); {instead}"
+        )
+    return CheckpointError(f"no checkpoint in {path} (expected step_NNNNNN/{META} inside)")
+
+
+def _problem(error: CheckpointError) -> str:
+    """What is wrong with a checkpoint, without a resume's advice (manifest.verify_files ends
+    its refusals with it; a checkpoint passed over, or one a command after training names, gets
+    other words)."""
+    return error.problem
 
 
 def _newest_intact(
@@ -169,7 +208,7 @@ def _newest_intact(
         except (UnverifiedCheckpointError, FutureCheckpointError):
             raise  # intact as far as can be told: going back past it would lose its steps
         except CheckpointError as e:
-            line = f"{prefix}passing over checkpoint {info.path}: {e}"
+            line = f"{prefix}passing over checkpoint {info.path}: {_problem(e)}"
             if on_skip is None:
                 log.warning("%s", line)
             else:
@@ -200,7 +239,7 @@ def read_meta(path: str | os.PathLike) -> dict:
         raise FutureCheckpointError(
             f"checkpoint {path} has format version {version}, newer than this flashtrain reads "
             f"(up to {FORMAT_VERSION}): it was written by a newer flashtrain; update flashtrain "
-            f"to resume from it"
+            f"to read it"
         )
     name = CKPT_RE.match(path.name)
     if name and (not isinstance(meta["step"], int) or int(name.group(1)) != meta["step"]):
@@ -303,23 +342,22 @@ def load_checkpoint(
     return trainer_state, meta
 
 
-def resolved_on_rank_0(
-    path: str | os.PathLike, *, allow_unverified: bool, collective: bool
-) -> Path | None:
-    """resolve_resume(path), its files checked. collective: every rank of the process group
-    calls this; rank 0 resolves and hashes once and broadcasts the answer or the error."""
+def resolved_on_rank_0(path: str | os.PathLike, *, collective: bool, on_skip=None) -> Path:
+    """resolve_checkpoint(path, on_skip=on_skip), its files checked. collective: every rank of
+    the process group calls this; rank 0 resolves and hashes once (and alone tells on_skip)
+    and broadcasts the answer or the error."""
     if not collective:
-        return resolve_resume(str(path), path, allow_unverified=allow_unverified)
+        return resolve_checkpoint(path, on_skip=on_skip)
     found = error = None
     if is_main_process():
         try:
-            found = resolve_resume(str(path), path, allow_unverified=allow_unverified)
+            found = resolve_checkpoint(path, on_skip=on_skip)
         except CheckpointError as e:
             error = e
     error, found = broadcast_object((error, str(found) if found else None))
     if error is not None:
         raise error
-    return Path(found) if found else None
+    return Path(found)
 
 
 def dcp_model_entries(path: Path) -> dict:

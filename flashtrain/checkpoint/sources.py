@@ -58,16 +58,18 @@ INIT_FROM_FREE_FIELDS = ROUTE_ONLY_FIELDS | {
 }
 
 
-def open_source(ref: str | os.PathLike, *, collective: bool = False) -> WeightSource:
+def open_source(ref: str | os.PathLike, *, collective: bool = False, on_note=None) -> WeightSource:
     """The weights `ref` names: "hf:PATH_OR_ID", a folder holding trainer checkpoints (a run
-    directory, its checkpoints folder, a step folder), or a torch file. collective: every rank
-    of the process group opens it (model.init_from): rank 0 checks the checkpoint once."""
+    directory, its checkpoints folder: the newest intact one; a step folder), or a torch file.
+    collective: every rank of the process group opens it (model.init_from): rank 0 checks the
+    checkpoint once. on_note(line): told of each damaged newer checkpoint passed over
+    (default: a warning in the log)."""
     ref = str(ref)
     if ref.startswith(HF_PREFIX):
         return HFSource(ref[len(HF_PREFIX) :])
     path = Path(ref).expanduser()
     if path.is_dir():
-        return TrainerSource(path, collective=collective)
+        return TrainerSource(path, collective=collective, on_note=on_note)
     if path.is_file():
         return TorchFileSource(path)
     raise FileNotFoundError(
@@ -134,19 +136,15 @@ def check_saved_model_config(description: str, saved: dict | None, cfg) -> None:
 class TrainerSource(WeightSource):
     """A checkpoint this trainer wrote (checkpoint/write.py), in either format."""
 
-    def __init__(self, path: Path, *, collective: bool):
-        if (path / "checkpoints").is_dir() and not (path / "meta.json").exists():
-            path = path / "checkpoints"  # a run directory
+    def __init__(self, path: Path, *, collective: bool, on_note=None):
         try:
-            step_dir = resolved_on_rank_0(path, allow_unverified=False, collective=collective)
+            step_dir = resolved_on_rank_0(path, collective=collective, on_skip=on_note)
         except UnverifiedCheckpointError as e:
             raise CheckpointError(
                 f"{path}: the checkpoint has no checksums (an older format), so its files "
                 f"cannot be checked before loading; if you trust it, name its {MODEL_OPTIM} "
                 f"file instead (torch format; loaded as it is, unchecked)"
             ) from e
-        if step_dir is None:
-            raise CheckpointError(f"no checkpoint in {path} (expected step_NNNNNN/meta.json)")
         self.path = step_dir
         self.meta = read_meta(step_dir)
         self.description = f"checkpoint {step_dir}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flashtrain.data.hf_tokenizer import hf_reference, is_hf_tokenizer
+from flashtrain.data.pathfinder.generator import RESOLUTIONS
 from flashtrain.data.tokenization import TOKENIZER_CHOICES
 from flashtrain.typed_config import check_choice
 
@@ -47,6 +48,7 @@ class SyntheticConfig(DataConfig):
 
     def __post_init__(self):
         check_choice(self.loss_on, ("values", "all"), "data.loss_on")
+        at_least(self, 1, "num_keys", "num_values")
         needed = self.num_keys + self.num_values
         if self.vocab_size < needed:
             raise ValueError(
@@ -95,6 +97,16 @@ class CorpusConfig(CachedDataConfig):
             check_choice(self.tokenizer, TOKENIZER_CHOICES, "data.tokenizer")
         check_choice(self.sample_by, ("document", "paragraph", "line"), "data.sample_by")
         check_choice(self.source, CORPUS_SOURCES, "data.source")
+        for key in ("val_fraction", "test_fraction"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"data.{key} must be in [0, 1), got {getattr(self, key)}")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError(
+                f"data.val_fraction + data.test_fraction must be < 1 (the rest trains), got "
+                f"{self.val_fraction} + {self.test_fraction}"
+            )
+        at_least(self, 0, "split_seed")
+        at_least(self, 1, "num_proc", unset="null: one process")
 
 
 @dataclass
@@ -108,11 +120,12 @@ class LMCorpusConfig(CorpusConfig):
     # needs attention=flash; no effect with eos_policy=none
     document_masking: bool = True
     streaming: bool = False  # true: read + tokenize on the fly (corpora larger than the disk)
-    shuffle_buffer: int = 10000  # streaming: documents in the seeded shuffle buffer
+    shuffle_buffer: int = 10000  # streaming: documents in the seeded shuffle buffer (0: none)
 
     def __post_init__(self):
         super().__post_init__()
         check_choice(self.eos_policy, ("append", "none"), "data.eos_policy")
+        at_least(self, 0, "shuffle_buffer")  # 0: no shuffle
 
 
 @dataclass
@@ -149,6 +162,9 @@ class LongDocConfig(CorpusConfig):
         check_choice(self.mode, ("truncate", "chunk"), "data.mode")
 
 
+MIN_PATHFINDER_SAMPLES = 20
+
+
 @dataclass
 class PathfinderConfig(CachedDataConfig):
     """Pathfinder images generated once and cached (flashtrain/data/pathfinder/)."""
@@ -167,11 +183,32 @@ class PathfinderConfig(CachedDataConfig):
     num_classes: int = 2  # the two markers on one contour or not
 
     def __post_init__(self):
+        check_choice(self.resolution, RESOLUTIONS, "data.resolution")
+        if self.contour_length < 2:
+            raise ValueError(f"data.contour_length must be >= 2 paddles, got {self.contour_length}")
+        if self.num_samples < MIN_PATHFINDER_SAMPLES:  # 80/10/10: two images in each held-out split
+            raise ValueError(
+                f"data.num_samples must be >= {MIN_PATHFINDER_SAMPLES} (validation and test get "
+                f"10% each, at least one image of each label), got {self.num_samples}"
+            )
+        at_least(self, 0, "generator_seed")
+        at_least(self, 1, "num_workers", unset="null: all cores")
         if (self.vocab_size, self.num_classes) != (256, 2):
             raise ValueError(
                 "Pathfinder images have 256 pixel values and 2 classes: data.vocab_size=256, "
                 f"data.num_classes=2; got {self.vocab_size}, {self.num_classes}"
             )
+
+
+def at_least(cfg: DataConfig, minimum: int, *keys: str, unset: str | None = None) -> None:
+    """Each data.<key> is >= minimum; unset: what null means, when null is allowed."""
+    for key in keys:
+        value = getattr(cfg, key)
+        if value is None and unset is not None:
+            continue
+        if value is None or value < minimum:
+            allowed = f">= {minimum}" + (f" or null ({unset})" if unset else "")
+            raise ValueError(f"data.{key} must be {allowed}, got {value}")
 
 
 def cache_root(cfg: CachedDataConfig) -> Path:

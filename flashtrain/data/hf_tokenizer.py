@@ -11,7 +11,9 @@ HF_HUB_OFFLINE and a local folder. tokenizer.json is read with the `tokenizers` 
 BPE; Llama-2 and Mistral folders ship one too); a folder with only SentencePiece's
 tokenizer.model is converted by transformers' AutoTokenizer (the `hf` extra and sentencepiece).
 The Tokenizer built from them is tokenization.HFFolderTokenizer (this module imports none of
-tokenization's, which builds every kind: no import circle).
+tokenization's, which builds every kind: no import circle). A tokenizer file that is there but
+cannot be read (truncated, empty, not JSON, a folder, unreadable) is a one-line ConfigError naming
+it and what to do (unreadable_file), never the parser's bare message.
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ def find_tokenizer_folder(ref: str) -> Path | None:
 
 
 def has_tokenizer(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in (TOKENIZER_JSON, SENTENCEPIECE_MODEL))
+    # exists, not is_file: a folder named tokenizer.json is refused when read, not taken for
+    # a folder without a tokenizer (which model.init_from=hf: would silently train on bytes)
+    return any((folder / name).exists() for name in (TOKENIZER_JSON, SENTENCEPIECE_MODEL))
 
 
 def _not_cached(repo_id: str) -> FileNotFoundError:
@@ -111,17 +115,83 @@ def check_tokenizer_source(data_cfg) -> Path | None:
 
 
 def tokenizer_files(folder: Path) -> tuple[Path, ...]:
-    """The folder's TOKENIZER_FILES that exist, in TOKENIZER_FILES order."""
-    return tuple(folder / name for name in TOKENIZER_FILES if (folder / name).is_file())
+    """The folder's TOKENIZER_FILES that exist, in TOKENIZER_FILES order; one that is not a
+    file (a folder of that name) is refused, not left out of what the tokenizer is read from."""
+    present = tuple(folder / name for name in TOKENIZER_FILES if (folder / name).exists())
+    for path in present:
+        if not path.is_file():
+            raise unreadable_file(path, None)
+    return present
+
+
+def unreadable_file(path: Path, error: BaseException | str | None) -> ConfigError:
+    """The one-line error of a tokenizer file that is there but cannot be read: its path, why
+    (error: the reader's exception or a reason) and what to do. A ConfigError: the user's to
+    fix, exit 2 in train.py, generate and evaluate."""
+    if path.exists() and not path.is_file():
+        what = "a folder" if path.is_dir() else "not a regular file"
+        return ConfigError(f"tokenizer file {path} is {what}: put the file itself there")
+    if isinstance(error, PermissionError):
+        return ConfigError(
+            f"tokenizer file {path} cannot be read (permission denied): make it readable "
+            f"(chmod a+r {path})"
+        )
+    if isinstance(error, BaseException):
+        lines = str(error).strip().splitlines()
+        error = lines[0] if lines else type(error).__name__
+    reason = f" ({error})" if error else ""
+    return ConfigError(
+        f"tokenizer file {path} cannot be read{reason}: it is truncated or damaged; fix it, "
+        "or copy or download the tokenizer's files again"
+    )
+
+
+def read_text_file(path: Path) -> str:
+    """A tokenizer file's UTF-8 text; unreadable, not UTF-8 or empty is unreadable_file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise unreadable_file(path, f"not UTF-8 text: byte {e.start}") from None
+    except OSError as e:
+        raise unreadable_file(path, e) from None
+    if not text.strip():
+        raise unreadable_file(path, "it is empty")
+    return text
+
+
+def read_json_object(path: Path) -> dict:
+    """A tokenizer file holding one JSON object (tokenizer_config.json, vocab.json, ...)."""
+    try:
+        config = json.loads(read_text_file(path))
+    except json.JSONDecodeError as e:
+        raise unreadable_file(path, f"not JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise unreadable_file(path, f"a JSON {type(config).__name__}, not an object")
+    return config
+
+
+def read_tokenizer_json(path: Path):
+    """A tokenizer.json as a `tokenizers` Tokenizer (whose own error names no file)."""
+    from tokenizers import Tokenizer as Backend
+
+    text = read_text_file(path)
+    try:
+        backend = Backend.from_str(text)
+    except Exception as e:  # the Rust parser raises a bare Exception
+        raise unreadable_file(path, e) from None
+    if not backend.get_vocab(with_added_tokens=True):
+        raise unreadable_file(path, "it holds no tokens")
+    return backend
 
 
 def read_backend(folder: Path):
     """The folder's tokenizer as a `tokenizers` Tokenizer: tokenizer.json as it is, else
     tokenizer.model converted by transformers' AutoTokenizer (as from_pretrained would)."""
-    from tokenizers import Tokenizer as Backend
-
-    if (folder / TOKENIZER_JSON).is_file():
-        return Backend.from_file(str(folder / TOKENIZER_JSON))
+    model = folder / SENTENCEPIECE_MODEL
+    if (folder / TOKENIZER_JSON).exists():
+        return read_tokenizer_json(folder / TOKENIZER_JSON)
+    if not model.exists():
+        raise FileNotFoundError(f"{folder} has no {TOKENIZER_JSON} or {SENTENCEPIECE_MODEL}")
     missing = _missing_for_sentencepiece()
     if missing:
         raise ConfigError(  # a config this installation cannot run: a user error, exit 2
@@ -130,7 +200,28 @@ def read_backend(folder: Path):
         )
     from transformers import AutoTokenizer
 
+    special_tokens(folder)  # its files checked first: transformers' errors name none of them
+    _check_sentencepiece_model(model)
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True).backend_tokenizer
+
+
+def _check_sentencepiece_model(model: Path) -> None:
+    """A damaged tokenizer.model is unreadable_file (transformers would try tiktoken on it and
+    ask for tiktoken to be installed)."""
+    import sentencepiece
+
+    if model.is_file() and not model.stat().st_size:
+        raise unreadable_file(model, "it is empty")
+    try:
+        sentencepiece.SentencePieceProcessor(model_file=str(model))
+    except (OSError, RuntimeError) as e:  # RuntimeError: "could not parse ModelProto"
+        raise unreadable_file(model, e) from None
+
+
+def backend_vocab_size(backend) -> int:
+    """A `tokenizers` Tokenizer's id count: its highest id + 1, added tokens included (ids
+    need not be dense; get_vocab_size may miss added tokens past the model's vocabulary)."""
+    return max(backend.get_vocab(with_added_tokens=True).values()) + 1
 
 
 def _missing_for_sentencepiece() -> list[str]:
@@ -148,10 +239,9 @@ def special_tokens(folder: Path) -> dict[str, str]:
     found: dict[str, str] = {}
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         path = folder / name
-        if not path.is_file():
+        if not path.exists():
             continue
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+        config = read_json_object(path)
         for attribute, key in SPECIAL_KEYS.items():
             token = config.get(key)
             if isinstance(token, dict):  # a serialised AddedToken

@@ -46,9 +46,12 @@ def fixed_windows(
     """Finite, re-iterable LM batches over the disjoint windows from the start of `tokens`,
     dealt to ranks (same count each); max_batches caps the batches per rank; check_ids(rows)
     vets each batch's ids (TokenFile.check_ids); eos_id: document masking (lm_batch)."""
-    mine = eval_items(
-        len(tokens) // window, rank, world_size, f"validation ({window}-token windows)"
-    )
+    if len(tokens) // window < world_size:
+        raise ValueError(
+            f"the validation split has {len(tokens)} tokens: too few for {world_size} rank(s) "
+            f"x one window of seq_len + 1 = {window}"
+        )
+    mine = eval_items(len(tokens) // window, rank, world_size, "validation windows")
     return EvalBatches(
         lambda items: lm_batch(check_ids(gather_windows(tokens, items * window, window)), eos_id),
         mine,

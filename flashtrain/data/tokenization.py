@@ -8,7 +8,9 @@ fingerprint of its vocabulary files); caches record it and refuse to load under 
 The BPE / WordPiece files are looked for in the configured path, in $FLASHTRAIN_TOKENIZERS/<name>/,
 in <cache_dir>/tokenizers/<name>/, and in the Hugging Face and tiktoken caches; when absent, GPT-2's
 (and bert-base-uncased's) are downloaded into the Hugging Face cache (flashtrain/data/hub.py)
-unless HF_HUB_OFFLINE=1, and then the error says what to download and where to put it.
+unless HF_HUB_OFFLINE=1, and then the error says what to download and where to put it. A file
+found that cannot be read (truncated, empty, a folder) is a one-line ConfigError naming it
+(hf_tokenizer.unreadable_file).
 """
 
 from __future__ import annotations
@@ -93,7 +95,10 @@ class ByteTokenizer(Tokenizer):
 def _fingerprint(paths: list[Path]) -> str:
     digest = hashlib.sha256()
     for path in paths:
-        digest.update(path.read_bytes())
+        try:
+            digest.update(path.read_bytes())
+        except OSError as e:  # unreadable (permissions): one line naming the file
+            raise hf_tokenizer.unreadable_file(path, e) from None
     return digest.hexdigest()[:10]
 
 
@@ -107,8 +112,13 @@ class HFTokenizer(Tokenizer):
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         for attribute, token in specials.items():
             token_id = backend.token_to_id(token)
-            if token_id is None:
-                raise ValueError(f"tokenizer '{name}' has no {token} token (needed as {attribute})")
+            if token_id is None:  # e.g. a tokenizer_config.json of another tokenizer
+                read_from = ", ".join(str(f) for f in files) or "no files"
+                raise ValueError(
+                    f"tokenizer '{name}' (read from {read_from}) has no {token} token (needed "
+                    f"as {attribute}): they are not all this tokenizer's own files; copy or "
+                    "download its files again"
+                )
             setattr(self, attribute, token_id)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -132,7 +142,7 @@ class HFFolderTokenizer(HFTokenizer):
         backend = hf_tokenizer.read_backend(folder)
         specials = hf_tokenizer.special_tokens(folder)
         super().__init__(backend, f"hf:{_fingerprint(list(files))}", specials, files)
-        self.vocab_size = max(backend.get_vocab(with_added_tokens=True).values()) + 1
+        self.vocab_size = hf_tokenizer.backend_vocab_size(backend)
         # Documents get their <eos> from the corpus (eos_policy=append), as with gpt2; a
         # post-processor that appends it too (add_eos_token) would end them in two.
         probe = backend.encode("a", add_special_tokens=True).ids
@@ -168,18 +178,27 @@ def _search_dirs(explicit: str | None, local_name: str, cache_root: Path, hub_re
 
 
 def _gpt2_from_tokenizer_json(path: Path) -> HFTokenizer:
-    from tokenizers import Tokenizer as Backend
+    backend = hf_tokenizer.read_tokenizer_json(path)
+    return HFTokenizer(backend, f"gpt2-bpe-{_fingerprint([path])}", _GPT2_SPECIALS, (path,))
 
-    return HFTokenizer(
-        Backend.from_file(str(path)), f"gpt2-bpe-{_fingerprint([path])}", _GPT2_SPECIALS, (path,)
-    )
+
+def _bpe_model(vocab: Path, merges: Path):
+    """The BPE of a vocab.json + merges.txt pair; a file that cannot be read is named."""
+    from tokenizers import models
+
+    hf_tokenizer.read_json_object(vocab)  # the library's error would name neither file
+    hf_tokenizer.read_text_file(merges)
+    try:
+        return models.BPE.from_file(str(vocab), str(merges))
+    except Exception as e:  # the Rust reader raises a bare Exception
+        raise hf_tokenizer.unreadable_file(merges, e) from None
 
 
 def _gpt2_from_bpe_files(vocab: Path, merges: Path) -> HFTokenizer:
     from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers import decoders, pre_tokenizers
 
-    backend = Backend(models.BPE.from_file(str(vocab), str(merges)))
+    backend = Backend(_bpe_model(vocab, merges))
     # GPT-2 splits text with its regex, on raw bytes mapped to printable characters.
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -229,8 +248,6 @@ def load_wordpiece(
     lowercase: bool = True,
 ) -> HFTokenizer:
     """BERT WordPiece from a local vocab.txt (a file path or a folder holding one)."""
-    from tokenizers import BertWordPieceTokenizer
-
     repos = [f"google-bert/{local_name}", local_name]
     dirs = _search_dirs(explicit_path, local_name, cache_root, repos)
     candidates = [d if d.is_file() else d / "vocab.txt" for d in dirs]
@@ -239,7 +256,7 @@ def load_wordpiece(
         candidates += [folder / "vocab.txt"] if folder is not None else []
     for path in candidates:
         if path.is_file():
-            backend = BertWordPieceTokenizer(str(path), lowercase=lowercase)
+            backend = _wordpiece(path, lowercase)
             case = "uncased" if lowercase else "cased"
             specials = _BERT_SPECIALS | {"unk_id": "[UNK]"}
             name = f"wordpiece-{case}-{_fingerprint([path])}"
@@ -250,6 +267,17 @@ def load_wordpiece(
         f"{looked}\nDownload vocab.txt of the Hugging Face model 'google-bert/{local_name}' into "
         f"{Path(cache_root) / 'tokenizers' / local_name}/ (or set data.tokenizer_path)."
     )
+
+
+def _wordpiece(vocab: Path, lowercase: bool):
+    """BERT's WordPiece of a vocab.txt; a file that cannot be read is named."""
+    from tokenizers import BertWordPieceTokenizer
+
+    hf_tokenizer.read_text_file(vocab)  # empty, not UTF-8, unreadable: the library names no file
+    try:
+        return BertWordPieceTokenizer(str(vocab), lowercase=lowercase)
+    except Exception as e:  # no [SEP] / [CLS] token: not a BERT vocabulary
+        raise hf_tokenizer.unreadable_file(vocab, e) from None
 
 
 def build_tokenizer(cfg, cache_root: Path) -> Tokenizer:

@@ -1,12 +1,14 @@
 """What scripts/generate.py and scripts/evaluate.py accept, checked while the command line is
 parsed, before anything is loaded: integers with a least value, finite numbers in a range, a
 device this machine has. A bad value is one line on stderr and exit 2 (argparse's usage block
-would bury it under a dozen lines)."""
+would bury it under a dozen lines). Also how they tell the user something beside their output
+(note: a damaged checkpoint passed over)."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
 
 import torch
@@ -75,3 +77,9 @@ def device(text: str) -> str:
             f"{text!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}, or cpu"
         )
     return text
+
+
+def print_note(line: str) -> None:
+    """A line for the user beside the output (load_model's on_note): on stderr, so that the
+    output on stdout stays the text alone."""
+    print(f"note: {line}", file=sys.stderr)

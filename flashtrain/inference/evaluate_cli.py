@@ -22,7 +22,7 @@ from flashtrain.checkpoint import load_model
 from flashtrain.checkpoint.manifest import CheckpointError
 from flashtrain.data.registry import data_config
 from flashtrain.inference import evaluate_output
-from flashtrain.inference.cli_args import OneLineParser, default_device, device, integer
+from flashtrain.inference.cli_args import OneLineParser, default_device, device, integer, print_note
 from flashtrain.inference.evaluate import check_evaluation_fits, evaluate_length
 from flashtrain.inference.generate import position_limit, require_decoder
 from flashtrain.inference.run_tokenizer import run_config, run_tokenizer
@@ -134,7 +134,7 @@ def run(args) -> list[Path]:
         evaluate_output.check_folder(args.out)
     if args.data:
         data = composed_data_config(args.configs, args.data[0], args.data[1:])
-    trained_model, info = load_model(args.checkpoint, device=args.device)
+    trained_model, info = load_model(args.checkpoint, device=args.device, on_note=print_note)
     require_decoder(trained_model, info.source)
     out = args.out or info.path.parent.parent / "eval" / info.path.name
     if args.out is None:

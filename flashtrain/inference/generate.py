@@ -94,8 +94,14 @@ def check_generation(
     positions (a learned table's length) and the KV cache's memory on the model's device.
     option: how the caller names max_new_tokens (the command line: --max-new-tokens)."""
     require_decoder(model)
-    if not prompts or any(len(p) == 0 for p in prompts):
+    if not prompts:
         raise ValueError("generate needs at least one prompt, each of at least one token")
+    empty = [i + 1 for i, p in enumerate(prompts) if len(p) == 0]
+    if empty:  # an empty text under a tokenizer that adds no <bos> (bytes, GPT-2)
+        raise ValueError(
+            f"generate needs at least one token in each prompt, and prompt {empty[0]} has none "
+            "(its text is empty and the tokenizer adds no <bos>): give it some text"
+        )
     if max_new_tokens < 1:
         raise ValueError(f"{option} must be >= 1, got {max_new_tokens}")
     longest, batch = max(len(p) for p in prompts), len(prompts)

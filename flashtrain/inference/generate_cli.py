@@ -2,7 +2,9 @@
 flashtrain.inference.generate. Only a single prompt streams: its text goes to stdout as the
 tokens come (a multi-byte character once it is complete). Several prompts (different lengths,
 one batch) are printed each on its own line, prompt then continuation, once all are done:
-interleaved pieces of several texts on one stdout would not read as text.
+interleaved pieces of several texts on one stdout would not read as text. Either way the new
+text is the new ids decoded after their prompt's (a SentencePiece tokenizer's first new word
+keeps its space): run_tokenizer.decode_continuation.
 
 Everything is checked before the first character is printed (options, device, checkpoint,
 prompts, positions, the KV cache's memory): a refusal is one line on stderr and exit 2, with
@@ -15,7 +17,14 @@ import sys
 
 from flashtrain.checkpoint import load_model
 from flashtrain.checkpoint.manifest import CheckpointError
-from flashtrain.inference.cli_args import OneLineParser, default_device, device, integer, number
+from flashtrain.inference.cli_args import (
+    OneLineParser,
+    default_device,
+    device,
+    integer,
+    number,
+    print_note,
+)
 from flashtrain.inference.generate import (
     Sampling,
     check_generation,
@@ -23,7 +32,12 @@ from flashtrain.inference.generate import (
     position_limit,
     require_decoder,
 )
-from flashtrain.inference.run_tokenizer import run_config, run_tokenizer
+from flashtrain.inference.run_tokenizer import (
+    continuation,
+    decode_continuation,
+    run_config,
+    run_tokenizer,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,13 +59,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 class Streamer:
-    """Prints the text one sequence gains each step. It decodes all the sequence's tokens so far
-    and holds back a trailing U+FFFD: with a byte-level tokenizer a multi-byte character arrives
-    over several tokens, and its incomplete UTF-8 tail decodes as U+FFFD until it is complete.
-    finish() prints what is still held back (bytes that never made a character)."""
+    """Prints the text one sequence gains each step after its prompt. It decodes the prompt and
+    all the new tokens so far together (decode_continuation: a SentencePiece-style tokenizer's
+    first new word keeps its leading space) and holds back a trailing U+FFFD: with a byte-level
+    tokenizer a multi-byte character arrives over several tokens, and its incomplete UTF-8 tail
+    decodes as U+FFFD until it is complete. finish() prints what is still held back (bytes that
+    never made a character)."""
 
-    def __init__(self, tokenizer, out):
-        self.tokenizer, self.out, self.ids, self.shown = tokenizer, out, [], ""
+    def __init__(self, tokenizer, out, prompt: list[int]):
+        self.tokenizer, self.out, self.prompt, self.ids, self.shown = tokenizer, out, prompt, [], ""
+        self.head = tokenizer.decode(prompt)  # once: the prompt's ids do not change
+
+    def _new_text(self) -> str:
+        return continuation(self.tokenizer.decode([*self.prompt, *self.ids]), self.head)
 
     def _write(self, text: str) -> None:
         # a tokenizer whose decoding of more ids is not an extension of what was shown (none of
@@ -64,12 +84,12 @@ class Streamer:
         if tokens[0] is None:
             return
         self.ids.append(tokens[0])
-        text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
+        text = self._new_text().rstrip("\ufffd")
         if len(text) > len(self.shown):
             self._write(text)
 
     def finish(self) -> None:
-        self._write(self.tokenizer.decode(self.ids))
+        self._write(self._new_text())
 
 
 def _beyond_training_note(model, prompts, max_new_tokens: int) -> str | None:
@@ -90,7 +110,7 @@ def main(argv=None, out=sys.stdout) -> int:
     args = _parser().parse_args(argv)  # numbers, sampling options and the device checked here
     try:  # everything else before the first character is printed
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
-        model, info = load_model(args.checkpoint, device=args.device)
+        model, info = load_model(args.checkpoint, device=args.device, on_note=print_note)
         require_decoder(model, info.source)
         tokenizer = run_tokenizer(run_config(info).data, checkpoint=info)
         prompts = [tokenizer.encode(p) for p in args.prompt]
@@ -101,7 +121,7 @@ def main(argv=None, out=sys.stdout) -> int:
     note = _beyond_training_note(model, prompts, args.max_new_tokens)
     if note:
         print(note, file=sys.stderr)
-    stream = Streamer(tokenizer, out) if len(prompts) == 1 else None
+    stream = Streamer(tokenizer, out, prompts[0]) if len(prompts) == 1 else None
     if stream is not None:
         out.write(args.prompt[0])
     try:
@@ -114,6 +134,6 @@ def main(argv=None, out=sys.stdout) -> int:
         stream.finish()
         out.write("\n")
     else:
-        for text, ids in zip(args.prompt, new):
-            out.write(f"{text}{tokenizer.decode(ids)}\n")
+        for text, prompt, ids in zip(args.prompt, prompts, new):
+            out.write(f"{text}{decode_continuation(tokenizer, prompt, ids)}\n")
     return 0

@@ -25,6 +25,7 @@ import numpy as np
 
 from flashtrain.checkpoint import load_model
 from flashtrain.data.synthetic import recall_sequence
+from flashtrain.inference.cli_args import print_note
 from flashtrain.inference.generate import generate
 from flashtrain.inference.run_tokenizer import run_config
 
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=512, help="per prompt set")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    model, info = load_model(args.checkpoint)
+    model, info = load_model(args.checkpoint, on_note=print_note)
     config = run_config(info)
     data = config.data
     if data.loader != "synthetic":

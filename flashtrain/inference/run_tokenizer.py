@@ -3,10 +3,14 @@ corpus's own otherwise). The model itself comes from flashtrain.checkpoint.load_
 
     model, info = load_model(CKPT, device="cpu")
     tokenizer = run_tokenizer(run_config(info).data, checkpoint=info)  # the one it trained with
+    text = decode_continuation(tokenizer, prompt_ids, new_ids)  # what generation added
+
+Generated ids are decoded after their prompt's, never alone (decode_continuation).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from flashtrain.checkpoint import CheckpointInfo
@@ -67,6 +71,23 @@ class TextTokenizer:
     def special_ids(self) -> list[int]:
         """Ids that stand for no text (<eos>, <pad>, ...)."""
         return self.inner.special_ids
+
+
+def decode_continuation(tokenizer, prompt: list[int], new: list[int]) -> str:
+    """The text that ids `new` add after ids `prompt`: decode(prompt + new) past decode(prompt).
+    Decoded alone they would lose what depends on the ids before them: a SentencePiece-style
+    decoder (Llama-2, Mistral: Metaspace) drops the first token's leading space, and a
+    byte-level one cannot finish a character whose bytes began in the prompt."""
+    return continuation(tokenizer.decode([*prompt, *new]), tokenizer.decode(prompt))
+
+
+def continuation(text: str, head: str) -> str:
+    """What `text` (the decoding of a prompt and more ids) adds to `head` (the prompt's)."""
+    if text.startswith(head):
+        return text[len(head) :]
+    # a decoder that rewrites the prompt's end once more ids follow (WordPiece's cleanup
+    # joins " ." to "."): what follows the part both share
+    return text[len(os.path.commonprefix([text, head])) :]
 
 
 def run_tokenizer(data_cfg: Any, *, checkpoint: CheckpointInfo | None = None):

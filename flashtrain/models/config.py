@@ -60,7 +60,8 @@ class TransformerConfig:
     init_positions: str = "interpolate"  # interpolate | copy: how init_from's positions resize
 
     def __post_init__(self):
-        for key in ("n_layer", "n_head", "d_model", "max_seq_len", "vocab_size"):
+        sizes = ("n_layer", "n_head", "d_model", "max_seq_len", "vocab_size", "loss_chunk_size")
+        for key in (k for k in sizes if hasattr(self, k)):  # a classifier has no LM loss
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"model.{key} must be a positive int, got {value!r}")
@@ -71,6 +72,8 @@ class TransformerConfig:
                 f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}; "
                 f"allowed n_head for this width: {shown}{' ...' if len(shown) < len(divisors) else ''}"
             )
+        if self.d_ff is not None and (isinstance(self.d_ff, bool) or self.d_ff < 1):
+            raise ValueError(f"model.d_ff must be a positive int or null, got {self.d_ff!r}")
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
         check_choice(self.recompute, RECOMPUTE_MODES, "model.recompute")

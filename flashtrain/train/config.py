@@ -22,7 +22,7 @@ from flashtrain.data.config import DataConfig
 from flashtrain.data.registry import DATA, data_config
 from flashtrain.models import MODEL_CONFIGS, TransformerConfig, model_config
 from flashtrain.models.attention_layers import AttentionConfig, attention_config
-from flashtrain.train.tokenizer_default import tokenizer_from_init
+from flashtrain.train.tokenizer_default import tokenizer_from_init, vocabulary_from_tokenizer
 from flashtrain.typed_config import ConfigError, check_choice, to_dataclass
 
 CP_MODES = ("ring", "ulysses", "hybrid")  # trainer.context_parallel_mode
@@ -133,6 +133,20 @@ class TrainerConfig:
             _at_least(self, 1, "trainer", "eval_batches")
         if self.cpu_threads is not None:
             _at_least(self, 1, "trainer", "cpu_threads")
+        _at_least(self, 0, "trainer", "max_skipped_steps")
+        _at_least(self, 1, "trainer", "dist_timeout_s")
+        if self.grad_clip is not None and self.grad_clip < 0:  # a negative norm flips the update
+            raise ValueError(
+                f"trainer.grad_clip must be >= 0 (0 or null: no clipping), got {self.grad_clip}"
+            )
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ValueError(
+                f"trainer.peak_flops must be > 0 FLOP/s (null: looked up), got {self.peak_flops}"
+            )
+        if not self.cpu_step_time_limit_s > 0:
+            raise ValueError(
+                f"trainer.cpu_step_time_limit_s must be > 0, got {self.cpu_step_time_limit_s}"
+            )
 
 
 @dataclass
@@ -213,6 +227,10 @@ class TrainConfig:
 
     def __post_init__(self):
         _at_least(self, 1, "", "seq_len", "micro_batch_size")
+        _at_least(self, 0, "", "seed")  # numpy's seed sequences take no negative seed
+        for key in ("global_batch_size", "global_batch_tokens"):
+            if getattr(self, key) is not None:
+                _at_least(self, 1, "", key)
         self.model: TransformerConfig = model_config(self.model)
         self.attention: AttentionConfig = attention_config(self.attention)
         self.data: DataConfig = data_config(self.data)
@@ -279,12 +297,12 @@ def check_task(model: TransformerConfig, data: DataConfig) -> None:
 
 def validate_config(cfg: Any) -> TrainConfig:
     """The composed config (a DictConfig; Hydra's own `hydra` node is dropped) as a checked
-    TrainConfig, with tokenizer_from_init's default. Raises ConfigError naming what is wrong
-    and what is allowed."""
+    TrainConfig, with tokenizer_from_init's default and vocabulary_from_tokenizer's vocab_size.
+    Raises ConfigError naming what is wrong and what is allowed."""
     if isinstance(cfg, DictConfig) and "hydra" in cfg:
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     if isinstance(cfg, DictConfig):
-        cfg = tokenizer_from_init(cfg)
+        cfg = vocabulary_from_tokenizer(tokenizer_from_init(cfg))
     return to_dataclass(TrainConfig, cfg, what="")
 
 

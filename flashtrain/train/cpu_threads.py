@@ -18,7 +18,8 @@ So the rule: cores = this process's CPU affinity capped by its cgroup CPU quota,
 the ranks on this node (LOCAL_WORLD_SIZE); one thread when a micro-batch's width x width
 projection is smaller than MIN_SPLIT_FLOPS; else a thread per core that was idle over a short
 sample at the start (/proc/stat; load that comes later is not seen: trainer.cpu_threads then).
-trainer.cpu_threads wins over everything; an OMP_NUM_THREADS in the environment over the rule.
+trainer.cpu_threads wins over everything, up to this rank's share of the cores (more is refused
+at start); an OMP_NUM_THREADS in the environment over the rule (capped at that share).
 torchrun sets OMP_NUM_THREADS=1 itself when it starts several processes on a node and the
 variable is unset, and leaves no mark that tells its value from the user's: it is respected
 like the user's (several ranks on a CPU share its cores anyway; trainer.cpu_threads overrides).
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 
 from flashtrain.train.distributed import local_ranks
+from flashtrain.typed_config import ConfigError
 
 # Where Linux puts this process's CPU quota (a container's --cpus): cgroup v2's single file
 # "quota period" ("max period" = no quota), or cgroup v1's two files (quota -1 = none).
@@ -164,25 +166,41 @@ def choose_cpu_threads(
     ranks: int = 1,
     configured: int | None = None,
     omp_num_threads: str | None = None,
+    cores_from: str = "",
 ) -> ThreadChoice:
-    """The intra-op thread count for a CPU run.
+    """The intra-op thread count for a CPU run, at most this rank's share of the cores: more
+    threads than cores wait for each other at every barrier (69 s a step instead of 0.1 s).
 
-    cores: available_cores(); work_flops: projection_flops() of the run; busy: of the cores, how
-    many other processes use (busy_cores()), or a function measuring it, called only when the
-    answer depends on it; ranks: processes on this node sharing the cores; configured:
-    trainer.cpu_threads; omp_num_threads: the environment's OMP_NUM_THREADS (None: unset)."""
+    cores: available_cores() (cores_from: where that figure came from); work_flops:
+    projection_flops() of the run; busy: of the cores, how many other processes use
+    (busy_cores()), or a function measuring it, called only when the answer depends on it;
+    ranks: processes on this node sharing the cores; configured: trainer.cpu_threads (more than
+    the share is a ConfigError); omp_num_threads: the environment's OMP_NUM_THREADS (None:
+    unset; more than the share is capped)."""
+    share = f"{cores:g} cores" + (f" shared by {ranks} ranks" if ranks > 1 else "")
+    limit = _whole_cores(cores / ranks)
     if configured is not None:
+        if configured > limit:
+            where = f" ({cores_from})" if cores_from else ""
+            raise ConfigError(
+                f"trainer.cpu_threads={configured} is more than this process's share of the "
+                f"cores: {share}{where}, at most {limit} thread(s); lower it, or leave it unset "
+                f"to choose from the cores that are free"
+            )
         return ThreadChoice(configured, "trainer.cpu_threads")
     if omp_num_threads is not None:
         first = omp_num_threads.split(",")[0].strip()  # OpenMP also takes "outer,inner" lists
+        if first.isdigit() and int(first) > limit:
+            return ThreadChoice(
+                limit, f"OMP_NUM_THREADS={first} from the environment capped at the {share}"
+            )
         if first.isdigit() and int(first) >= 1:
             return ThreadChoice(
                 int(first),
                 "OMP_NUM_THREADS from the environment (yours or torchrun's); "
                 "trainer.cpu_threads overrides it",
             )
-    share = f"{cores:g} cores" + (f" shared by {ranks} ranks" if ranks > 1 else "")
-    if _whole_cores(cores / ranks) == 1:
+    if limit == 1:
         return ThreadChoice(1, f"1 core: {share}")
     if work_flops < MIN_SPLIT_FLOPS:
         return ThreadChoice(
@@ -213,7 +231,7 @@ def auto_cpu_threads(work_flops: float, configured: int | None = None) -> Thread
     """choose_cpu_threads on this machine: its cores, this node's ranks, the environment's
     OMP_NUM_THREADS and, where the answer depends on it, how busy the cores are now (a
     BUSY_SAMPLE_S sample)."""
-    cores, _ = available_cores()
+    cores, cores_from = available_cores()
     return choose_cpu_threads(
         cores,
         work_flops,
@@ -221,6 +239,7 @@ def auto_cpu_threads(work_flops: float, configured: int | None = None) -> Thread
         ranks=local_ranks(),
         configured=configured,
         omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+        cores_from=cores_from,
     )
 
 

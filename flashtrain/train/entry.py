@@ -46,13 +46,14 @@ _full_error_set_here = False  # config_errors_explained set HYDRA_FULL_ERROR, no
 def main(cfg: Any) -> None:
     """Entry point for train.py: run, and turn expected failures into a message and exit code."""
     _give_hydra_error_reporting_back()
+    earlier_log = run_log_size()  # a rerun into the folder of an earlier run (its train.log)
     try:
         summary = run(with_command_line_settings(cfg))
         if summary.get("dry_run"):
-            remove_unused_run_folder()
+            remove_unused_run_folder(earlier_log=earlier_log)
     except USER_ERRORS as e:
         _report_user_error(e)
-        remove_unused_run_folder()
+        remove_unused_run_folder(earlier_log=earlier_log)
         raise SystemExit(EXIT_USER_ERROR) from None
     except NonFiniteLossError as e:
         _report_user_error(e)
@@ -142,17 +143,34 @@ def run(cfg: Any, run_dir: str | os.PathLike | None = None) -> dict[str, Any]:
 # ---- what a run leaves behind ----------------------------------------------------------------
 
 # What Hydra puts in a run folder before the run starts: its config copies and the log file.
-HYDRA_FILES = frozenset({".hydra", "train.log"})
+RUN_LOG = "train.log"  # hydra.job_logging in configs/train.yaml: <job name>.log
+HYDRA_FILES = frozenset({".hydra", RUN_LOG})
 DATE_FOLDER = re.compile(r"\d{4}-\d{2}-\d{2}")  # outputs/<date>/<time>: configs/train.yaml
 
 
-def remove_unused_run_folder(run_dir: Path | None = None) -> bool:
+def run_log_size(run_dir: Path | None = None) -> int:
+    """Bytes in the run folder's train.log (Hydra's run folder by default; 0 without one). At
+    the start of main() nothing of this run's is in it yet: what is there an earlier run wrote
+    (a crash's traceback, in a folder reused through hydra.run.dir)."""
+    if run_dir is None:
+        if _hydra_config() is None:
+            return 0
+        run_dir = Path(_hydra_config().runtime.output_dir)
+    try:
+        return (Path(run_dir) / RUN_LOG).stat().st_size
+    except OSError:
+        return 0
+
+
+def remove_unused_run_folder(run_dir: Path | None = None, *, earlier_log: int = 0) -> bool:
     """After a refused run or a dry run: remove the run folder Hydra made for it when it holds
     nothing but Hydra's own files and empty folders (a refused run's checkpoint folder), so that
     outputs/ lists runs that trained. Everything such a run had to say is on the console. Rank 0
     only (the only rank with a folder), never a folder with anything of a run's in it (a resumed
-    run's checkpoints, metrics.jsonl). Returns whether it removed it."""
-    if os.environ.get("RANK", "0") != "0":
+    run's checkpoints, metrics.jsonl) nor one whose train.log held an earlier run's lines when
+    this one started (earlier_log: run_log_size() then): only what this run made is removed.
+    Returns whether it removed it."""
+    if os.environ.get("RANK", "0") != "0" or earlier_log > 0:
         return False
     if run_dir is None:
         if _hydra_config() is None:  # run() called from Python: its caller chose the folder

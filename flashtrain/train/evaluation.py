@@ -1,5 +1,6 @@
 """Evaluation: the loss (and perplexity for LM / MLM, accuracy for MLM / classification) over a
-data module's validation batches, summed over every rank."""
+data module's validation batches, summed over every rank; and the check, at start, that there
+are validation batches to evaluate."""
 
 from __future__ import annotations
 
@@ -14,6 +15,22 @@ from flashtrain.collectives import all_reduce_sum
 from flashtrain.train.distributed import DistEnv
 from flashtrain.train.metric_names import EVAL_ACCURACY, EVAL_LOSS, EVAL_PPL
 from flashtrain.train.prefetch import to_device
+from flashtrain.typed_config import ConfigError
+
+
+def check_validation_data(data: Any, trainer_cfg: Any, data_name: str) -> None:
+    """Validation data too small for one batch is a ConfigError at start, not an error after
+    the last step (val_batches checks its size when called; batches are made when iterated).
+    Nothing is checked for a run that never evaluates."""
+    if not (trainer_cfg.eval_interval or trainer_cfg.eval_at_end):
+        return
+    try:
+        data.val_batches()
+    except ValueError as e:
+        raise ConfigError(
+            f"data '{data_name}': {e}; give it more validation data, or evaluate never "
+            f"(trainer.eval_interval=0 trainer.eval_at_end=false)"
+        ) from e
 
 
 @torch.no_grad()

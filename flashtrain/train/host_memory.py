@@ -43,6 +43,7 @@ Calibration (2026-11-27, this project's 2-core CPU machine, 24 GiB; peak RSS of
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,28 +289,47 @@ def available_host_bytes(
     return None if found is None else found.bytes
 
 
+def process_rss(statm: Path = Path("/proc/self/statm")) -> int:
+    """This process's resident bytes now (Linux; 0 where unknown)."""
+    try:
+        return int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def check_host_memory(
     estimate: HostMemoryEstimate,
     available: HostAvailable | None,
     plan: BatchPlan,
     estimate_for: Callable[[BatchPlan], HostMemoryEstimate],
+    resident_per_rank: float = 0.0,
 ) -> None:
     """ConfigError when `estimate` exceeds (1 - MARGIN) of what is available, naming what would
     fit: the largest micro_batch_size, else (at micro_batch_size=1) the largest seq_len, each
-    estimated by estimate_for(plan with that change). Nothing is refused when available is None."""
+    estimated by estimate_for(plan with that change). Nothing is refused when available is None.
+
+    resident_per_rank: what each rank's process already holds (process_rss() at the check,
+    where every rank of the node has started): MemAvailable no longer has it, so up to the
+    estimate's baseline it is not counted again."""
     if available is None:
         return
     budget = (1 - MARGIN) * available.bytes
-    if estimate.total <= budget:
+
+    def to_come(e: HostMemoryEstimate) -> float:
+        return e.total - e.ranks * min(resident_per_rank, e.baseline)
+
+    if to_come(estimate) <= budget:
         return
 
     def fits(p: BatchPlan) -> bool:
-        return estimate_for(p).total <= budget
+        return to_come(estimate_for(p)) <= budget
 
+    in_use = estimate.total - to_come(estimate)
+    running = f", {_size(in_use)} of it already in use by the running processes" if in_use else ""
     raise ConfigError(
-        f"this CPU run needs {estimate.describe()} of host memory; {gib(available.bytes)} is "
-        f"available ({available.source}, {MARGIN:.0%} kept free); {_what_fits(plan, fits)}, or "
-        "trainer.max_steps=0 for a dry run"
+        f"this CPU run needs {estimate.describe()} of host memory{running}; "
+        f"{gib(available.bytes)} is available ({available.source}, {MARGIN:.0%} kept free); "
+        f"{_what_fits(plan, fits)}, or trainer.max_steps=0 for a dry run"
     )
 
 

@@ -1,18 +1,23 @@
-"""The tokenizer a run starting from a Hugging Face checkpoint trains with by default: the
-checkpoint's own (model.init_from=hf:X on text data left on bytes)."""
+"""The tokenizer a run trains with by default and the vocabulary that follows from it: a run
+starting from a Hugging Face checkpoint takes the checkpoint's own tokenizer (model.init_from=hf:X
+on text data left on bytes), and an hf: tokenizer's id count is the data's vocab_size unless the
+config sets another (then refused here, before anything is built)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from flashtrain.data.hf_tokenizer import HF_PREFIX, find_tokenizer_folder
+from flashtrain.data.hf_tokenizer import HF_PREFIX, find_tokenizer_folder, is_hf_tokenizer
 from flashtrain.data.hub import looks_like_hub_id
+from flashtrain.data.registry import DATA_CONFIGS
 from flashtrain.data.tokenization import load_hf_tokenizer
+from flashtrain.train.errors import from_config
 from flashtrain.typed_config import ConfigError
 
 
@@ -48,6 +53,35 @@ def tokenizer_from_init(cfg: DictConfig) -> DictConfig:
         f"data.tokenizer={init} data.vocab_size={tokenizer.vocab_size} (another data.tokenizer, "
         "e.g. gpt2 or hf:<folder>, is kept)"
     )
+    return cfg
+
+
+def vocabulary_from_tokenizer(cfg: DictConfig) -> DictConfig:
+    """data.tokenizer=hf:X: data.vocab_size is X's id count (the model's vocab_size follows
+    ${data.vocab_size}). Left at the loader's default it is set so, in a copy of the config,
+    and logged; set to another count it is a ConfigError now, before the model is built (the
+    token ids must fit the embedding exactly: model.vocab_size pads it)."""
+    data = OmegaConf.select(cfg, "data", default=None)
+    if data is None or not is_hf_tokenizer(data.get("tokenizer")):
+        return cfg
+    schema = DATA_CONFIGS.get(data.get("loader"))
+    fields = {f.name: f for f in dataclasses.fields(schema)} if schema else {}
+    if "vocab_size" not in fields:
+        return cfg
+    with from_config(f"data.tokenizer={data.tokenizer}"):
+        tokenizer = load_hf_tokenizer(data.tokenizer)
+    ids, configured = tokenizer.vocab_size, data.get("vocab_size")
+    if configured == ids:
+        return cfg
+    if configured != fields["vocab_size"].default:
+        raise ConfigError(
+            f"data.vocab_size={configured} but tokenizer {data.tokenizer} has {ids} ids; set "
+            f"data.vocab_size={ids}, or leave it unset: it follows an hf: tokenizer (to round "
+            f"the embedding up for speed, set model.pad_vocab_multiple)"
+        )
+    cfg = copy.deepcopy(cfg)
+    cfg.data.vocab_size = ids
+    _log_once(f"data.vocab_size={ids}: the id count of tokenizer {data.tokenizer}")
     return cfg
 
 

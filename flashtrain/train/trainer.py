@@ -52,13 +52,14 @@ from flashtrain.train.distributed import (
 )
 from flashtrain.train.dry_run import build_memory_for, dry_run_plan, plan_world
 from flashtrain.train.errors import from_config
-from flashtrain.train.evaluation import evaluate_model
+from flashtrain.train.evaluation import check_validation_data, evaluate_model
 from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler
 from flashtrain.train.host_memory import (
     HostMemoryEstimate,
     available_host_memory,
     check_host_memory,
     estimate_host_peak,
+    process_rss,
 )
 from flashtrain.train.interval import IntervalStats
 from flashtrain.train.loggers import Loggers, build_loggers
@@ -233,8 +234,9 @@ class Trainer:
             )
         # allow_slow_cpu's advice followed must not end in the allocator's crash
         if self.host_memory is not None:  # rank 0's figure: every rank refuses, or none does
-            available = broadcast_object(available_host_memory() if env.is_main else None)
-            check_host_memory(self.host_memory, available, self.plan, host_peak)
+            found = (available_host_memory(), process_rss()) if env.is_main else None
+            available, resident = broadcast_object(found)  # every rank has started by now
+            check_host_memory(self.host_memory, available, self.plan, host_peak, resident)
         self._lock_checkpoint_folder()  # one run per checkpoint folder, one it can write
         if self.compile_blocks:
             for block in model.blocks:
@@ -259,6 +261,7 @@ class Trainer:
                 eval_batches=t.eval_batches,
             )
         self.data = self.cp.shard_data(data)
+        check_validation_data(self.data, t, cfg.data.name)  # not found after the last step
         bounds = self.data.loss_bounds()
         if bounds and env.is_main:
             log.info("data loss: " + ", ".join(f"{k} {v:.3f}" for k, v in bounds.items()))
@@ -429,19 +432,22 @@ class Trainer:
                     on_step(self.step)
                 self.progress.step(self.step)
                 done = self.step >= t.max_steps
+                # The checkpoint first: what can fail after it (logging, evaluation) must not
+                # lose the steps since the last one.
+                if (
+                    stop
+                    or (t.ckpt_interval and self.step % t.ckpt_interval == 0)
+                    or (done and t.ckpt_at_end)
+                ):
+                    path = self.save()
                 if self.step % t.log_interval == 0 or done or stop:
                     self._log_interval()
+                if stop:  # no evaluation in a scheduler's short grace period
+                    raise Preempted(self.step, str(path))
                 if (t.eval_interval and self.step % t.eval_interval == 0) or (
                     done and t.eval_at_end
                 ):
                     self.evaluate()
-                if stop:
-                    path = self.save()
-                    raise Preempted(self.step, str(path))
-                if (t.ckpt_interval and self.step % t.ckpt_interval == 0) or (
-                    done and t.ckpt_at_end
-                ):
-                    self.save()
         elapsed = time.perf_counter() - start_time
         self.progress.close()
         summary = self._summary()

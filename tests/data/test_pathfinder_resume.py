@@ -217,3 +217,23 @@ def test_old_format_temporaries_are_removed_only_when_nobody_writes_them(tmp_pat
     assert not own.exists() and not free.exists()
     assert busy.exists() and unfinished.exists() and unrelated.exists()
     assert any(str(unfinished) in r.getMessage() for r in caplog.records)
+
+
+def test_workers_that_do_not_stop_are_killed_in_bounded_time():
+    """An interrupted generation never waits on its pool without bound (it once hung under
+    load in shutdown(wait=True)): a worker still busy after the grace period is killed."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    executor = ProcessPoolExecutor(1, mp_context=context)
+    busy = executor.submit(time.sleep, 600)  # deaf to the stop event, as a stuck worker is
+    workers = list(executor._processes.values())
+    deadline = time.monotonic() + 120
+    while not busy.running():
+        assert time.monotonic() < deadline, "the worker never started its task"
+        time.sleep(0.01)
+    start = time.monotonic()
+    pf.stop_workers(executor, context.Event(), wait_s=0.2)
+    assert time.monotonic() - start < 30
+    assert workers and not any(w.is_alive() for w in workers)

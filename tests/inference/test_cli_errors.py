@@ -7,15 +7,13 @@ from __future__ import annotations
 import io
 import math
 import re
-import warnings
 
 import pytest
 import torch
 from inference_testing import tiny_llama
-from omegaconf import OmegaConf
+from tokenizer_testing import hf_data, saved_run, saved_text_run, write_metaspace_tokenizer
 
 from flashtrain.checkpoint import load_model
-from flashtrain.checkpoint.write import save_checkpoint
 from flashtrain.inference import Sampling, evaluate_cli, generate, generate_cli, kv_cache
 from flashtrain.inference.evaluate import evaluate_length
 from flashtrain.inference.generate import next_tokens
@@ -26,19 +24,8 @@ SYNTHETIC = dict(loader="synthetic", num_keys=8, num_values=8, vocab_size=16)
 
 
 def _saved_run(run_dir, model) -> str:
-    """A run directory holding one checkpoint (step 1) of `model` (random weights) on
-    synthetic data: what generate and evaluate load, without a training run."""
-    model_cfg = {k: v for k, v in vars(model.config).items() if not k.startswith("_")}
-    config = {"model": model_cfg, "attention": {"impl": "flash"}, "data": SYNTHETIC,
-              "seq_len": model.config.max_seq_len, "seed": 0}  # fmt: skip
-    with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        save_checkpoint(
-            run_dir / "checkpoints", 1, model=model, optimizer=torch.optim.SGD(model.parameters()),
-            trainer_state={"step": 1}, meta={"run_name": run_dir.name},
-            config_yaml=OmegaConf.to_yaml(config),
-        )  # fmt: skip
-    return str(run_dir)
+    """A run of `model` (random weights) on synthetic data, one checkpoint, without training."""
+    return saved_run(run_dir, model, SYNTHETIC)
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +82,34 @@ def test_generate_and_evaluate_refuse_an_encoder(bert_run, capsys):
     assert "Bert" in err and "model.arch=bert" in err and "gpt2" in err and "llama" in err
     assert _exit_code(evaluate_cli.main, [bert_run, "--seq-len", "8", "--no-progress"]) == 2
     assert "model.arch=bert" in _one_line(capsys)
+
+
+def _truncate(path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    "name, breaks, says",
+    [
+        ("tokenizer.json", _truncate, "(EOF while parsing"),  # was a traceback, exit 1
+        ("tokenizer_config.json", lambda p: p.write_text('{"bos_token": '), "(not JSON: "),
+        ("tokenizer.json", lambda p: p.write_text(""), "(it is empty)"),
+    ],
+)
+def test_generate_and_evaluate_name_a_tokenizer_file_that_cannot_be_read(
+    tmp_path, capsys, name, breaks, says
+):
+    """The run's hf: tokenizer folder, damaged after training: exit 2, the file and what to do
+    (was json's "Expecting value: line 1 column 14" alone, naming no file)."""
+    folder = write_metaspace_tokenizer(tmp_path / "tok")
+    run = saved_text_run(tmp_path / "run", hf_data(folder))
+    breaks(folder / name)
+    code, out, err = _generate([run, "--prompt", "alpha"], capsys)
+    assert (code, out) == (2, "")
+    assert _exit_code(evaluate_cli.main, [run, "--seq-len", "8", "--no-progress"]) == 2
+    for line in (err, _one_line(capsys)):
+        assert f"tokenizer file {folder / name} cannot be read {says}" in line, line
+        assert "fix it, or copy or download the tokenizer's files again" in line, line
 
 
 def test_generate_checks_the_length_before_it_prints_the_prompt(gpt2_run, capsys):

@@ -183,7 +183,7 @@ def test_streaming_holds_back_an_incomplete_utf8_character():
     tokenizer = TextTokenizer(ByteTokenizer())
     text = "héllo → 🙂 ok"
     out = io.StringIO()
-    stream = Streamer(tokenizer, out)
+    stream = Streamer(tokenizer, out, prompt=[])
     printed = []
     for token in tokenizer.encode(text):
         stream([token])
@@ -193,7 +193,7 @@ def test_streaming_holds_back_an_incomplete_utf8_character():
     assert all("\ufffd" not in p and text.startswith(p) for p in printed)
     assert printed[1] == "h" and printed[2] == "hé"  # é is 2 bytes: held back after the first
     out = io.StringIO()
-    stream = Streamer(tokenizer, out)
+    stream = Streamer(tokenizer, out, prompt=[])
     for token in [*b"ab", 0xE2, 0x82]:  # a 3-byte character cut short
         stream([token])
     assert out.getvalue() == "ab"

@@ -18,6 +18,7 @@ from flashtrain.train.cpu_threads import (
     read_cpu_times,
 )
 from flashtrain.train.distributed import local_ranks
+from flashtrain.typed_config import ConfigError
 
 LARGE = 10 * MIN_SPLIT_FLOPS
 SMALL = MIN_SPLIT_FLOPS / 10
@@ -129,8 +130,40 @@ def test_a_users_omp_num_threads_is_respected():
 
 
 def test_trainer_cpu_threads_wins_over_everything():
-    choice = choose_cpu_threads(2, SMALL, busy=2.0, ranks=2, configured=6, omp_num_threads="1")
-    assert choice == ThreadChoice(6, "trainer.cpu_threads")
+    choice = choose_cpu_threads(4, SMALL, busy=2.0, ranks=2, configured=2, omp_num_threads="1")
+    assert choice == ThreadChoice(2, "trainer.cpu_threads")
+
+
+def test_more_threads_than_the_cores_are_refused_or_capped():
+    """10000 threads on 2 cores ran 69 s a step instead of 0.1 s: refused, naming the cores."""
+    with pytest.raises(ConfigError) as error:
+        choose_cpu_threads(
+            2, LARGE, configured=10000, cores_from="2 in this process's CPU affinity"
+        )
+    message = str(error.value)
+    assert "trainer.cpu_threads=10000 is more than this process's share of the cores" in message
+    assert "2 cores (2 in this process's CPU affinity), at most 2 thread(s)" in message
+    with pytest.raises(ConfigError, match="4 cores shared by 2 ranks, at most 2 thread"):
+        choose_cpu_threads(4, LARGE, ranks=2, configured=3)
+    assert choose_cpu_threads(1.5, LARGE, configured=2).threads == 2  # a 1.5-core quota: 2
+    capped = choose_cpu_threads(2, SMALL, omp_num_threads="64")
+    assert capped.threads == 2 and "OMP_NUM_THREADS=64 from the environment capped" in capped.reason
+
+
+def test_the_run_refuses_more_threads_than_cores_at_start(tmp_path, monkeypatch, caplog):
+    from config_testing import compose
+    from train_testing import TINY
+
+    from flashtrain.train import main
+    from flashtrain.train.entry import EXIT_USER_ERROR
+
+    monkeypatch.chdir(tmp_path)
+    too_many = int(available_cores()[0]) + 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(compose(TINY + [f"trainer.cpu_threads={too_many}", "trainer.max_steps=1"]))
+    assert exit_info.value.code == EXIT_USER_ERROR
+    assert f"trainer.cpu_threads={too_many} is more than" in caplog.text
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_trainer_cpu_threads_is_checked():

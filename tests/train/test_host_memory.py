@@ -20,6 +20,7 @@ from flashtrain.train.host_memory import (
     available_host_memory,
     check_host_memory,
     estimate_host_peak,
+    process_rss,
 )
 from flashtrain.train.memory_estimate import gib
 from flashtrain.typed_config import ConfigError
@@ -118,6 +119,27 @@ def test_a_run_that_fits_or_an_unknown_host_is_not_refused():
     check_host_memory(
         estimate(plan), HostAvailable(int(2 * estimate(plan).total), "x"), plan, estimate
     )
+
+
+def test_the_running_ranks_baselines_are_not_counted_twice():
+    """Under torchrun every rank's process exists when rank 0 reads MemAvailable: what they
+    hold is out of it already and counts once, up to the estimate's baseline per rank."""
+    model, cfg, plan = planned()
+    estimate = estimator(model, cfg, ranks=4)
+    needed = estimate(plan)
+    to_come = needed.total - 4 * needed.baseline
+    available = HostAvailable(int(to_come / (1 - MARGIN)) + 1, "MemAvailable in /proc/meminfo")
+    check_host_memory(needed, available, plan, estimate, resident_per_rank=needed.baseline)
+    with pytest.raises(ConfigError, match="already in use by the running processes"):
+        check_host_memory(needed, available, plan, estimate, resident_per_rank=needed.baseline / 2)
+    with pytest.raises(ConfigError):  # more resident than the baseline is the run's own growth
+        small = HostAvailable(int(to_come / 2), "x")
+        check_host_memory(needed, small, plan, estimate, resident_per_rank=10 * needed.baseline)
+
+
+def test_this_process_resident_size_is_read(tmp_path):
+    assert process_rss() > 0  # Linux: /proc/self/statm
+    assert process_rss(tmp_path / "no-such-file") == 0
 
 
 def test_gpt2_at_16k_with_the_default_micro_batch_is_refused_on_24_gib():

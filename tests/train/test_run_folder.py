@@ -4,8 +4,9 @@ its log before the run was refused); a folder with anything of a run's in it is 
 from __future__ import annotations
 
 import pytest
+from train_testing import TINY, run_train
 
-from flashtrain.train.entry import remove_unused_run_folder
+from flashtrain.train.entry import EXIT_USER_ERROR, remove_unused_run_folder, run_log_size
 
 
 def _hydra_made(root, name="2026-11-27/19-00-00"):
@@ -49,3 +50,24 @@ def test_only_rank_0_removes_and_a_folder_of_the_caller_is_not_guessed(tmp_path,
     monkeypatch.setenv("RANK", "0")
     assert not remove_unused_run_folder()  # no Hydra run (run() from Python): nothing to remove
     assert run_dir.is_dir()
+
+
+def test_a_folder_whose_log_an_earlier_run_wrote_is_kept(tmp_path):
+    run_dir = _hydra_made(tmp_path)
+    assert not remove_unused_run_folder(run_dir, earlier_log=run_log_size(run_dir))
+    assert (run_dir / "train.log").read_text() == "refused\n"
+    (run_dir / "train.log").write_text("")  # Hydra's file handler made it for this run
+    assert run_log_size(run_dir) == 0 and remove_unused_run_folder(run_dir, earlier_log=0)
+
+
+def test_a_refused_rerun_keeps_the_crash_log_of_the_run_before(tmp_path):
+    """A run crashed at start (its traceback in train.log); the rerun into the same folder is
+    refused: the folder and the traceback stay."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    crash = "crashed: RuntimeError: CUDA error: an illegal memory access\nTraceback ...\n"
+    (run_dir / "train.log").write_text(crash)
+    res = run_train([*TINY, "optim.lr=-1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert res.returncode == EXIT_USER_ERROR, res.stderr[-2000:]
+    log = (run_dir / "train.log").read_text()
+    assert log.startswith(crash) and "optim.lr must be > 0" in log

@@ -132,7 +132,9 @@ def test_the_design_cards_command_with_its_advice_refuses_on_host_memory(tmp_pat
         run(cfg, tmp_path / "r")
     message = str(error.value)
     assert re.search(
-        r"this CPU run needs ~\d+\.\d GiB .* of host memory; 24.0 GiB is available", message
+        r"this CPU run needs ~\d+\.\d GiB .* of host memory, \d+ MiB of it already in use by "
+        r"the running processes; 24.0 GiB is available",
+        message,
     )
     assert "micro_batch_size=1 fits" in message and not (tmp_path / "r").exists()
 

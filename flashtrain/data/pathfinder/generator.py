@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -413,7 +414,8 @@ def run_chunks(tasks: list[tuple], num_workers: int | None, store) -> None:
     No worker outlives the call. On any exception or interrupt (KeyboardInterrupt, a SystemExit
     raised by a signal handler, an error in `store`, a worker that died: BrokenProcessPool) the
     workers are told to stop, abandon their chunk before its next image, and are joined, so the
-    call returns within about one image's time and no semaphore leaks.
+    call returns within about one image's time and no semaphore leaks; a worker still there
+    after WORKER_EXIT_S is killed (stop_workers), so no interrupt can leave the call waiting.
     """
     workers = min(check_workers_may_start(num_workers), len(tasks))
     if workers <= 1:
@@ -432,13 +434,35 @@ def run_chunks(tasks: list[tuple], num_workers: int | None, store) -> None:
         for future in as_completed(futures):
             store(future.result())
     except BrokenProcessPool as error:
-        stop.set()
+        stop_workers(executor, stop)
         raise RuntimeError(NEEDS_MAIN_GUARD.format(error=error)) from error
     except BaseException:
-        stop.set()
+        stop_workers(executor, stop)
         raise
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
+    executor.shutdown(wait=True)
+
+
+# How long stopped workers get to abandon their chunk (one image: milliseconds to a second or
+# two at Path-X sizes on a loaded machine) and exit before they are killed.
+WORKER_EXIT_S = 20.0
+
+
+def stop_workers(executor: ProcessPoolExecutor, stop, wait_s: float = WORKER_EXIT_S) -> None:
+    """Stop a pool whose results are no longer wanted, in bounded time. An unbounded
+    shutdown(wait=True) after an interrupt once hung under load: it waits for the pool's
+    manager thread, which waits for every worker. Here the workers are told to stop, joined up
+    to wait_s, and whatever is still alive is killed; the manager thread then sees them gone."""
+    stop.set()
+    workers = list((getattr(executor, "_processes", None) or {}).values())  # no public accessor
+    executor.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + wait_s
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+    executor.shutdown(wait=True)  # the manager thread: its workers are gone, it ends now
 
 
 def generate_pathfinder_into(
