@@ -22,17 +22,15 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
-import fcntl
 import json
 import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
-from flashtrain.checkpoint.run_lock import UNSUPPORTED
+from flashtrain.checkpoint import lock_file
 from flashtrain.file_integrity import fsync_directory
 
 log = logging.getLogger("flashtrain.checkpoint")
@@ -215,22 +213,32 @@ def temporary_folder_beside(out: Path) -> Path:
 
 @contextlib.contextmanager
 def claim_out_dir(out: Path):
-    """Hold OUT_DIR for this export: create its parent folders, lock .NAME.lock beside it and
-    write who holds it. FileExistsError naming the holder when another export holds it."""
+    """Hold OUT_DIR for this export: create its parent folders, lock .NAME.lock beside it
+    (lock_file.py, as the run lock does) and write who holds it. FileExistsError naming the
+    holder when another export holds it."""
     _make_parent_folder(out)
-    handle = _lock(out)
+    lock = out.with_name(f".{out.name}.lock")
     try:
-        _say_who_holds(handle)
+        handle, unsupported = lock_file.lock(lock, opener=_open_lock_file)
+    except BlockingIOError:
+        raise FileExistsError(
+            f"OUT_DIR {out} is being written by another export "
+            f"({_describe_holder(lock_file.read_holder(lock))}): two exports into one folder "
+            f"would replace each other; wait for it to finish, or choose another OUT_DIR"
+        ) from None
+    if unsupported:
+        log.warning(
+            "OUT_DIR %s: its file system has no file locks (%s); another export into it would "
+            "not be noticed until the final rename",
+            out,
+            unsupported,
+        )
+    try:
+        if handle.writable():  # else another user's lock file: held, nameless
+            lock_file.write_holder(handle)
         yield
     finally:
-        # deleted while still locked: an export that opened it meanwhile locks a new one
-        with contextlib.suppress(OSError):
-            _lock_file(out).unlink()
-        handle.close()  # releases the flock
-
-
-def _lock_file(out: Path) -> Path:
-    return out.with_name(f".{out.name}.lock")
+        lock_file.release(lock, handle)
 
 
 def _make_parent_folder(out: Path) -> None:
@@ -246,76 +254,20 @@ def _make_parent_folder(out: Path) -> None:
         ) from e
 
 
-def _lock(out: Path):
-    """The open lock file of OUT_DIR, flock-ed by this process (run_lock.py's way)."""
-    lock = _lock_file(out)
-    while True:
-        handle = _open_lock_file(lock)
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(lock)
-            handle.close()
-            raise FileExistsError(
-                f"OUT_DIR {out} is being written by another export ({holder}): two exports "
-                f"into one folder would replace each other; wait for it to finish, or choose "
-                f"another OUT_DIR"
-            ) from None
-        except OSError as e:
-            if e.errno not in UNSUPPORTED:
-                handle.close()
-                raise
-            log.warning(
-                "OUT_DIR %s: its file system has no file locks (%s); another export into it "
-                "would not be noticed until the final rename",
-                out,
-                e.strerror,
-            )
-            return handle
-        if _still_the_lock_file(lock, handle):
-            return handle
-        handle.close()  # its holder deleted it on release: lock the new one
-
-
 def _open_lock_file(lock: Path):
     try:
-        return open(lock, "a+")  # noqa: SIM115 - held until the claim ends
+        return lock_file.open_for_locking(lock)
     except PermissionError:
         if not lock.is_file():
             raise
         # another user's, left by a killed export: flock needs no write access
-        return open(lock)  # noqa: SIM115
+        return open(lock)  # noqa: SIM115 - held until the claim ends
 
 
-def _still_the_lock_file(lock: Path, handle) -> bool:
-    try:
-        return os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino
-    except FileNotFoundError:
-        return False
-
-
-def _read_holder(lock: Path) -> str:
-    try:
-        holder = json.loads(lock.read_text() or "{}")
-    except (OSError, ValueError):
-        holder = {}
+def _describe_holder(holder: dict) -> str:
     if not holder:
         return "it has not said which yet"
     return f"host {holder.get('host')}, pid {holder.get('pid')}, since {holder.get('since')}"
-
-
-def _say_who_holds(handle) -> None:
-    if not handle.writable():  # another user's lock file: held, nameless
-        return
-    handle.seek(0)
-    handle.truncate()
-    holder = {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "since": datetime.datetime.now().isoformat(timespec="seconds"),
-    }
-    handle.write(json.dumps(holder) + "\n")
-    handle.flush()
 
 
 @contextlib.contextmanager

@@ -160,7 +160,8 @@ def _checked_as_named(step_dir: Path) -> Path:
     except (UnverifiedCheckpointError, FutureCheckpointError):
         raise  # not damaged: another checkpoint would not do instead
     except CheckpointError as e:
-        raise CheckpointError(f"{_problem(e).rstrip('.')}; {_named_instead(step_dir)}") from e
+        # e.problem: without verify_files' advice to a resume
+        raise CheckpointError(f"{e.problem.rstrip('.')}; {_named_instead(step_dir)}") from e
     return step_dir
 
 
@@ -182,13 +183,6 @@ def _no_checkpoint_in(path: Path, instead: str) -> CheckpointError:
     return CheckpointError(f"no checkpoint in {path} (expected step_NNNNNN/{META} inside)")
 
 
-def _problem(error: CheckpointError) -> str:
-    """What is wrong with a checkpoint, without a resume's advice (manifest.verify_files ends
-    its refusals with it; a checkpoint passed over, or one a command after training names, gets
-    other words)."""
-    return error.problem
-
-
 def _newest_intact(
     root: str | os.PathLike,
     allow_unverified: bool,
@@ -208,7 +202,7 @@ def _newest_intact(
         except (UnverifiedCheckpointError, FutureCheckpointError):
             raise  # intact as far as can be told: going back past it would lose its steps
         except CheckpointError as e:
-            line = f"{prefix}passing over checkpoint {info.path}: {_problem(e)}"
+            line = f"{prefix}passing over checkpoint {info.path}: {e.problem}"
             if on_skip is None:
                 log.warning("%s", line)
             else:

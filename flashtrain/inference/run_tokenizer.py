@@ -82,11 +82,9 @@ def decode_continuation(tokenizer, prompt: list[int], new: list[int]) -> str:
 
 
 def continuation(text: str, head: str) -> str:
-    """What `text` (the decoding of a prompt and more ids) adds to `head` (the prompt's)."""
-    if text.startswith(head):
-        return text[len(head) :]
-    # a decoder that rewrites the prompt's end once more ids follow (WordPiece's cleanup
-    # joins " ." to "."): what follows the part both share
+    """What `text` (the decoding of a prompt and more ids) adds to `head` (the prompt's): what
+    follows the part both share. Usually head itself; shorter where a decoder rewrites the
+    prompt's end once more ids follow (WordPiece's cleanup joins " ." to ".")."""
     return text[len(os.path.commonprefix([text, head])) :]
 
 
