@@ -1,4 +1,4 @@
-"""LM-head loss benchmark: fused vs chunked vs plain cross-entropy.
+"""LM-head loss benchmark: fused, chunked, compiled, Liger and plain cross-entropy.
 
 python scripts/bench_loss.py --help        (the logic: flashtrain.lab.bench.loss)
 """

@@ -284,7 +284,7 @@ def preset_shapes() -> list[AttentionShape]:
     from flashtrain.attention.ulysses import ulysses_kv_repeats
     from flashtrain.lab.bench.training import compose
     from flashtrain.lab.checkout import CONFIGS
-    from flashtrain.train.config import context_parallel_sizes
+    from flashtrain.train.config import AUTO_MICRO_BATCH_CPU, context_parallel_sizes
 
     shapes = []
     presets = CONFIGS / "experiment"
@@ -302,9 +302,11 @@ def preset_shapes() -> list[AttentionShape]:
             heads_q, heads_kv = heads_q // ulysses, heads_kv * repeats // ulysses
             seqlen //= ring
         dims = (heads_q, heads_kv, model.head_dim, causal)
-        shapes.append(AttentionShape(name, cfg.micro_batch_size, seqlen, *dims))
+        # micro_batch_size=auto is sized on the GPU; the batch only scales the grid's sequences
+        micro = AUTO_MICRO_BATCH_CPU if cfg.micro_batch_size == "auto" else cfg.micro_batch_size
+        shapes.append(AttentionShape(name, micro, seqlen, *dims))
         if causal and cfg.trainer.context_parallel == 1:  # a data.document_masking run
-            tokens = cfg.micro_batch_size * cfg.seq_len
+            tokens = micro * cfg.seq_len
             shapes.append(AttentionShape(f"{name} 16-token documents", max(1, tokens // 16), 16,
                                          *dims, varlen=True))  # fmt: skip
     return shapes

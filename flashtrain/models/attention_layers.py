@@ -5,7 +5,8 @@
                        batch is packed once (unpad_input) and runs through flash_attn_varlen_func
     impl: blocksparse  BlockSparseAttention: ours, block-sparse (blocksparse_attn_func) with a
                        pattern from flashtrain.attention.sparsity and its parameters
-    impl: sdpa         SDPAAttention: torch.nn.functional.scaled_dot_product_attention (the baseline)
+    impl: sdpa         SDPAAttention: torch.nn.functional.scaled_dot_product_attention (the baseline),
+                       attention.backend pins one of its kernels (flash, cudnn, efficient, math)
     impl: reference    ReferenceAttention: plain PyTorch math materialising the (T, T) scores
 
 All four take the same q, k, v (B, T, H, D) and give the same result up to rounding. Dropout on
@@ -22,12 +23,14 @@ and the op makes attention exact over the whole sequence.
 from __future__ import annotations
 
 import inspect
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashtrain.attention import (
     blocksparse_attn_func,
@@ -54,9 +57,24 @@ class FlashAttentionConfig(AttentionConfig):
     impl: str = "flash"
 
 
+# attention.backend of impl sdpa: which of PyTorch's kernels runs (auto: PyTorch's own choice)
+SDPA_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,  # FlashAttention-2
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+
+
 @dataclass
 class SDPAAttentionConfig(AttentionConfig):
     impl: str = "sdpa"
+    # auto (PyTorch picks) | flash | cudnn | efficient | math: a pinned backend that cannot run
+    # a call (its dtype, head_dim or mask) is PyTorch's error, not a silent fallback
+    backend: str = "auto"
+
+    def __post_init__(self):
+        check_choice(self.backend, ("auto", *SDPA_BACKENDS), "attention.backend")
 
 
 @dataclass
@@ -106,6 +124,15 @@ class AttentionContext:
     @property
     def packed(self) -> bool:
         return self.cu_seqlens is not None
+
+
+def varies_per_batch(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """t, its size along `dim` marked as one that changes from batch to batch (the packed token
+    count, the number of documents): a compiled block traces it symbolic from its first call
+    instead of recompiling for the second size (flashtrain/train/compile.py). Free in eager."""
+    if not torch.compiler.is_compiling():  # marks are set on inputs, never while tracing
+        torch._dynamo.maybe_mark_dynamic(t, dim)
+    return t
 
 
 # ---- impls -----------------------------------------------------------------------------------
@@ -192,6 +219,7 @@ class FlashAttention(Attention):
         batch, seqlen = mask.shape
         packed, indices, cu_seqlens, max_seqlen, _ = unpad_input(x, mask)  # (N, C)
         ctx = AttentionContext(cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen), **ctx_kwargs)
+        packed = varies_per_batch(packed, 0)  # N: the batch's real tokens
         return packed, ctx, lambda y: pad_input(y, indices, batch, seqlen)
 
     def forward(self, q, k, v, ctx: AttentionContext, dropout_p: float = 0.0) -> torch.Tensor:
@@ -287,16 +315,22 @@ class SDPAAttention(Attention):
         if mask is not None:
             padding = mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, T)
             attn_mask = padding if attn_mask is None else attn_mask & padding
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=dropout_p,
-            is_causal=ctx.causal and attn_mask is None,
-            enable_gqa=k.shape[1] != q.shape[1],
-        )
+        backend = self.cfg.backend
+        pinned = sdpa_kernel(SDPA_BACKENDS[backend]) if backend != "auto" else nullcontext()
+        with pinned:
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=ctx.causal and attn_mask is None,
+                enable_gqa=k.shape[1] != q.shape[1],
+            )
         return out.transpose(1, 2)  # (B, T, H, D)
+
+    def extra_repr(self) -> str:
+        return f"impl=sdpa, backend={self.cfg.backend}"
 
 
 class ReferenceAttention(Attention):

@@ -158,14 +158,16 @@ class Llama(TransformerModel):
         """The token embedding is a lookup unless it is also the head."""
         return 0 if self.lm_head is None else self.embed_tokens.weight.numel()
 
-    def estimate_flops_per_token(self, seq_len: int) -> float:
-        """6N + 12 * n_layer * d_model * keys: N the matmul parameters (GQA's narrower k/v and
-        SwiGLU's three matrices are counted as they are), keys = seq_len, or the sliding window
-        when it is shorter (each query scores at most that many keys); the attention term counts
-        every query head (QK^T and PV do not shrink with fewer K/V heads)."""
+    def attended_keys(self, seq_len: int) -> float:
+        """Keys per query on average (the FLOP count's, TransformerModel.estimate_flops_per_token):
+        causal, and within the sliding window when it is shorter: a query sees min(i + 1, window)
+        keys, window * (1 - window / (2 * seq_len)) on average. GQA's narrower k/v projections
+        and SwiGLU's three matrices are in N as they are, and the attention term counts every
+        query head (QK^T and PV do not shrink with fewer K/V heads)."""
         window = self.config.sliding_window
-        keys = min(seq_len, window) if window else seq_len
-        return super().estimate_flops_per_token(keys)
+        if not window or window >= seq_len:
+            return super().attended_keys(seq_len)
+        return window * (1 - window / (2 * seq_len))
 
     # ---- forward
 

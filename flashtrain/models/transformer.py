@@ -18,11 +18,20 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from flashtrain.models.attention_layers import Attention, AttentionContext, build_attention
+from flashtrain.models.attention_layers import (
+    Attention,
+    AttentionContext,
+    build_attention,
+    varies_per_batch,
+)
 from flashtrain.models.config import TransformerConfig
 from flashtrain.models.offload import BlockInputOffload
 from flashtrain.models.positions import apply_rotary, resize_position_tables
 from flashtrain.models.qkv import split_qkv_projection
+
+# Training FLOPs of attention per (query, key) pair per channel: QK^T and PV forward (2 * 2),
+# the backward 2.5x that (five matmuls): the FlashAttention papers' count.
+ATTENTION_FLOPS_PER_KEY = 4.0 * 3.5
 
 
 @dataclass
@@ -107,6 +116,7 @@ class TransformerModel(nn.Module):
     position_tables: dict[str, str] = {}
     # tensors d_ff wide an MLP keeps for its backward (GELU: input, output), for memory estimates
     mlp_widths = 2
+    causal = False  # a causal mask (GPT2, Llama): what the FLOP count's attention term halves
 
     def __init__(self, config: TransformerConfig, attention):
         super().__init__()
@@ -174,8 +184,8 @@ class TransformerModel(nn.Module):
             return False, {}
         if position_ids is None or max_seqlen is None:
             raise ValueError("cu_seqlens needs max_seqlen and position_ids (data/packing.py)")
-        if not self.attn_op.splits_sequence:
-            return True, {"cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
+        if not self.attn_op.splits_sequence:  # the number of documents changes per batch
+            return True, {"cu_seqlens": varies_per_batch(cu_seqlens, 0), "max_seqlen": max_seqlen}
         if isinstance(cu_seqlens, torch.Tensor):
             if cu_seqlens.device.type != "cpu":
                 raise ValueError(
@@ -209,17 +219,25 @@ class TransformerModel(nn.Module):
         raise NotImplementedError
 
     def estimate_flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token (forward + backward): 6N + 12 * n_layer * d_model * seq_len.
+        """Training FLOPs per token (forward + backward): 6N + 14 * n_layer * d_model * keys.
 
         N counts the parameters used in matmuls (positional / token-type tables are lookups; a tied
-        input embedding counts once, as the output head). The attention term is the PaLM / nanoGPT
-        convention: QK^T and PV, 2 * 2 * T * d per token per layer forward, times 3 for the backward,
-        not halved for causal masks; scaled by the layout's density for block-sparse attention.
-        """
+        input embedding counts once, as the output head). Attention is counted as FlashAttention
+        counts it (flashtrain/lab/bench/flops.py, so the MFU of a training run and the TFLOP/s of
+        the attention benchmarks agree): QK^T and PV are 4 FLOPs per (query, key) pair per
+        channel forward, the backward 2.5x the forward, 14 in all; `keys` is the keys a query
+        attends on average (attended_keys: half the sequence under a causal mask), scaled by the
+        layout's density for block-sparse attention."""
         cfg = self.config
         n = self.num_parameters(non_embedding=True)
         density = self.attn_op.density(seq_len, cfg.n_head)
-        return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * seq_len * density
+        keys = self.attended_keys(seq_len)
+        return 6.0 * n + ATTENTION_FLOPS_PER_KEY * cfg.n_layer * cfg.d_model * keys * density
+
+    def attended_keys(self, seq_len: int) -> float:
+        """Keys per query on average: seq_len, halved under a causal mask (FlashAttention's
+        S * S / 2; the diagonal is not counted apart)."""
+        return seq_len / 2 if self.causal else float(seq_len)
 
     # ---- longer context from a shorter checkpoint
 

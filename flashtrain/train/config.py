@@ -64,6 +64,9 @@ class TrainerConfig:
     strategy: str = "auto"  # auto (ddp under torchrun, else single) | single | ddp | fsdp
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
     compile: bool | str = "auto"  # torch.compile each block: auto (CUDA yes, CPU no) | true | false
+    # CUDA graphs for the compiled blocks (torch.compile mode="reduce-overhead"): static shapes
+    # only; refused at start where they cannot work (flashtrain/train/compile.py)
+    cuda_graphs: bool = False
     prefetch_steps: int = 2  # steps of micro-batches prepared ahead on a thread; 0 = in the loop
     grad_clip: float | None = 1.0  # max global grad norm; null or 0 = no clipping
     log_interval: int = 10
@@ -216,7 +219,9 @@ class TrainConfig:
     seq_len: int = 256  # context length; model and data configs read it as ${seq_len}
     global_batch_size: int | None = 16  # sequences per optimizer step over all ranks
     global_batch_tokens: int | None = None  # or tokens per step: global_batch_size = this / seq_len
-    micro_batch_size: int = 8  # sequences per device per forward/backward
+    # sequences per device per forward/backward; auto: the largest the memory plan fits in the
+    # GPU (flashtrain/train/batch_sizing.py), 8 on a CPU
+    micro_batch_size: int | str = "auto"
     # Groups with several schemas: each holds the dataclass its discriminator picks.
     model: Any = None  # flashtrain.models.config (arch)
     attention: Any = None  # flashtrain.models.attention_layers (impl)
@@ -226,7 +231,13 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def __post_init__(self):
-        _at_least(self, 1, "", "seq_len", "micro_batch_size")
+        if self.micro_batch_size != "auto":
+            if isinstance(self.micro_batch_size, str) or isinstance(self.micro_batch_size, bool):
+                raise ValueError(
+                    f"micro_batch_size={self.micro_batch_size!r}; allowed: auto or an integer >= 1"
+                )
+            _at_least(self, 1, "", "micro_batch_size")
+        _at_least(self, 1, "", "seq_len")
         _at_least(self, 0, "", "seed")  # numpy's seed sequences take no negative seed
         for key in ("global_batch_size", "global_batch_tokens"):
             if getattr(self, key) is not None:
@@ -364,7 +375,17 @@ class BatchPlan:
         return f"{micro} x {ranks} x {self.grad_accum} accumulation"
 
 
-def batch_plan(cfg: TrainConfig, world_size: int, context_parallel: int = 1) -> BatchPlan:
+# What micro_batch_size=auto is where no memory plan sizes it (a CPU): a CPU's matmuls are as
+# fast per token at 8 sequences as at more, and the host-memory check still applies.
+AUTO_MICRO_BATCH_CPU = 8
+
+
+def batch_plan(
+    cfg: TrainConfig,
+    world_size: int,
+    context_parallel: int = 1,
+    micro_batch_size: int | None = None,
+) -> BatchPlan:
     """Gradient accumulation steps from the global batch (sequences or tokens), the world size
     and the context-parallel size (which must divide it).
 
@@ -375,7 +396,9 @@ def batch_plan(cfg: TrainConfig, world_size: int, context_parallel: int = 1) -> 
     on 2 ranks: micro 4 each, not 8)."""
     check_context_parallel(context_parallel, world_size)
     data_parallel = world_size // context_parallel
-    seq_len, mbs = cfg.seq_len, cfg.micro_batch_size
+    seq_len, mbs = cfg.seq_len, micro_batch_size or cfg.micro_batch_size
+    if mbs == "auto":
+        mbs = AUTO_MICRO_BATCH_CPU
     gbs, tokens = cfg.global_batch_size, cfg.global_batch_tokens
     if tokens is not None:
         if tokens % seq_len:

@@ -134,7 +134,8 @@ def run(cfg: Any, run_dir: str | os.PathLike | None = None) -> dict[str, Any]:
         return summary
     except Exception as e:
         if is_out_of_memory(e):  # what would fit, before the traceback
-            log.error("%s", oom_advice(trainer.cfg, trainer.env.device, e))
+            micro = trainer.plan.micro_batch_size
+            log.error("%s", oom_advice(trainer.cfg, trainer.env.device, e, micro))
         raise
     finally:
         trainer.close(clean=ok)

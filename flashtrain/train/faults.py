@@ -83,8 +83,14 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
 
 
-def oom_advice(cfg: Any, device: torch.device, exc: BaseException | None = None) -> str:
-    """What to print on out-of-memory: the allocator summary (CUDA) and overrides that help."""
+def oom_advice(
+    cfg: Any,
+    device: torch.device,
+    exc: BaseException | None = None,
+    micro_batch_size: int | None = None,
+) -> str:
+    """What to print on out-of-memory: the allocator summary (CUDA) and overrides that help.
+    micro_batch_size: the one the run used (micro_batch_size=auto's choice); default the config's."""
     what = "CUDA out of memory" if device.type == "cuda" else "out of host memory"
     lines = [what + (f": {str(exc).splitlines()[0]}" if exc else "")]
     if device.type == "cuda" and torch.cuda.is_available():
@@ -92,7 +98,8 @@ def oom_advice(cfg: Any, device: torch.device, exc: BaseException | None = None)
             lines.append(torch.cuda.memory_summary(device, abbreviated=True))
         except Exception:  # noqa: BLE001 - the summary is best effort
             pass
-    mbs = cfg.micro_batch_size
+    mbs = micro_batch_size or cfg.micro_batch_size
+    mbs = mbs if isinstance(mbs, int) else 1  # auto, never sized: no halving to offer
     hints = []
     if cfg.model.recompute not in ("all", "offload"):
         hints.append("model.recompute=all  (recompute each block in backward)")

@@ -8,7 +8,6 @@ two processes therefore matches one process with the same global batch.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import gc
@@ -19,6 +18,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,12 @@ from flashtrain.checkpoint import initial_weights
 from flashtrain.checkpoint.run_info import write_run_info
 from flashtrain.checkpoint.run_lock import CheckpointDirBusy, RunLock
 from flashtrain.checkpoint.sources import check_source
-from flashtrain.collectives import all_reduce_sum, broadcast_object
+from flashtrain.collectives import broadcast_object
 from flashtrain.data import build_data
 from flashtrain.data.files import atomic_path
 from flashtrain.data.hf_tokenizer import check_tokenizer_source
+from flashtrain.train.batch_sizing import cpu_auto_line, size_micro_batch
+from flashtrain.train.compile import check_cuda_graphs, compile_blocks
 from flashtrain.train.config import ConfigError, config_dict, config_yaml, validate_config
 from flashtrain.train.cpu_estimate import estimate_cpu_step_time, refuse_slow_cpu_run
 from flashtrain.train.cpu_threads import (
@@ -80,9 +82,10 @@ from flashtrain.train.metrics import (
     memory_metrics,
 )
 from flashtrain.train.optim import build_optimizer, build_scheduler
-from flashtrain.train.prefetch import StepPrefetcher, to_device
+from flashtrain.train.prefetch import StepPrefetcher
 from flashtrain.train.progress import Progress, format_metrics
 from flashtrain.train.run_state import RunCheckpoints, RunState
+from flashtrain.train.step import autocast, forward_backward
 from flashtrain.utils import format_count, git_commit
 
 log = logging.getLogger("flashtrain")
@@ -105,12 +108,6 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def host_values(values: torch.Tensor) -> list[float]:
-    """The one device-to-host copy of a training step (everything the host needs from it).
-    Nothing else in a step waits for the device; tests count the calls of this function."""
-    return values.tolist()
 
 
 class Trainer:
@@ -187,6 +184,11 @@ class Trainer:
             model = self.cp.build_model(cfg.model, cfg.attention)  # ring attention when cp > 1
         self.num_params = int(model.num_parameters())
         self.flops_per_token = float(model.estimate_flops_per_token(cfg.seq_len))
+        # micro_batch_size=auto on a GPU (or a dry run's planned GPUs): the memory plan sizes it
+        world, self.auto_batch = size_micro_batch(cfg, world, model, env.device, self.dry_run)
+        self.plan = world.plan
+        planned_device = torch.device("cuda") if self.dry_run else env.device  # a dry run's GPUs
+        check_cuda_graphs(cfg, planned_device, grad_accum=self.plan.grad_accum)
         self.cpu_threads: ThreadChoice | None = None  # on a CPU: intra-op threads and why
         if env.device.type == "cpu":  # before anything measures speed (measure_matmul_flops)
             tokens = self.plan.seq_len // self.cp.size  # a rank's share of each sequence
@@ -239,8 +241,7 @@ class Trainer:
             check_host_memory(self.host_memory, available, self.plan, host_peak, resident)
         self._lock_checkpoint_folder()  # one run per checkpoint folder, one it can write
         if self.compile_blocks:
-            for block in model.blocks:
-                block.compile()
+            compile_blocks(model, t)
         self.model = self._placed_with_initial_weights(model)
         self.raw_model = unwrap(self.model)
         with from_config("optim"):
@@ -378,6 +379,8 @@ class Trainer:
             f"batch: {plan.global_batch_size} seqs x {plan.seq_len} = "
             f"{format_count(plan.tokens_per_step)} tokens/step = {plan.split()}"
         )
+        if cfg.micro_batch_size == "auto":
+            lines.append(self.auto_batch.describe() if self.auto_batch else cpu_auto_line())
         if self.cp.enabled:
             lines.append(self.cp.describe())
         lines.append(
@@ -520,74 +523,20 @@ class Trainer:
             "host_memory": dataclasses.asdict(self.host_memory) if self.host_memory else None,
         }
 
-    def _autocast(self):
-        if self.precision in ("bf16", "fp16") and self.strategy != "fsdp":
-            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-            return torch.autocast(self.env.device.type, dtype=dtype)
-        return contextlib.nullcontext()
-
-    def _sync_context(self, sync: bool):
-        """Skip the gradient all-reduce on all but the last micro-batch of a step."""
-        if sync:
-            return contextlib.nullcontext()
-        if hasattr(self.model, "no_sync"):  # DDP
-            return self.model.no_sync()
-        if self.strategy == "fsdp":
-            return _fsdp_no_sync(self.model)
-        return contextlib.nullcontext()
-
     def _train_step(self, preempt: PreemptionHandler) -> bool:
-        """One optimizer step. Returns True when any rank was asked to stop (SIGTERM).
-
-        Nothing here waits for the device but `host_values`, once per step: target counts come
-        from the host (the prefetcher), losses, hits and the stop vote stay on the device."""
-        env, t = self.env, self.cfg.trainer
+        """One optimizer step (step.py: the device work and its one host copy, then here the
+        update or the skip). Returns True when any rank was asked to stop (SIGTERM)."""
+        t = self.cfg.trainer
         start = time.perf_counter()
         with record_function("flashtrain::data"):
             step_input = self.prefetcher.next()
         self.data_state = step_input.data_state
-        counts = step_input.targets
-        if env.world_size > 1:  # the step's targets over all ranks: a device tensor, no wait
-            local = torch.tensor([float(sum(counts))], dtype=torch.float64)
-            global_targets = all_reduce_sum(local.to(env.device, non_blocking=True))[0]
-        else:
-            global_targets = torch.tensor(float(sum(counts)), dtype=torch.float64)
-            global_targets = global_targets.to(env.device, non_blocking=True)
-        self.model.train()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
-        correct_sum = torch.zeros((), dtype=torch.float64, device=env.device)
-        has_correct = False
-        for i, batch in enumerate(step_input.batches):
-            batch = to_device(batch, env.device)
-            with self._sync_context(i == len(step_input.batches) - 1):
-                with self._autocast():
-                    out = self.model(**batch)
-                n = counts[i]
-                if n > 0:  # weight: this micro-batch's share of the global step's targets
-                    weight = (n * env.world_size / global_targets).float()
-                    loss = out.loss.float() * weight
-                    loss_sum += out.loss.detach().double() * n
-                else:  # keep every rank's backward in step (DDP/FSDP collectives)
-                    loss = torch.nan_to_num(out.loss.float()) * 0.0
-                if out.correct is not None:
-                    has_correct = True
-                    correct_sum += out.correct.detach().double()
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        # One all-reduce for the step's loss, accuracy and the ranks' stop requests (SIGTERM).
-        stop_vote = torch.tensor(float(preempt.requested), dtype=torch.float64)
-        stop_vote = stop_vote.to(env.device, non_blocking=True)
-        stats = all_reduce_sum(torch.stack([loss_sum, correct_sum, stop_vote]))
-        mean_loss = stats[0] / global_targets.clamp(min=1.0)
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        max_norm = float(t.grad_clip) if t.grad_clip else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        # The one device-to-host copy of the step: everything the host needs.
-        loss_value, norm_value, correct, stop_votes, targets = host_values(
-            torch.stack([mean_loss, grad_norm.double().to(env.device), *stats[1:], global_targets])
-        )
+        values = forward_backward(
+            self.model, self.optimizer, step_input, self.env, precision=self.precision,
+            strategy=self.strategy, scaler=self.scaler, stop_requested=lambda: preempt.requested,
+            grad_clip=t.grad_clip,
+        )  # fmt: skip
+        loss_value, norm_value = values.loss, values.grad_norm
         step = self.step + 1  # the 1-based number of the step being taken
         finite = math.isfinite(loss_value) and (
             math.isfinite(norm_value) or self.scaler is not None
@@ -626,12 +575,12 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.interval.add_update(loss_value, lr, norm_value)
             self.history.append((step, loss_value))
-        if has_correct:
-            self.interval.add_accuracy(correct, targets)
+        if values.has_correct:
+            self.interval.add_accuracy(values.correct, values.targets)
         self.state.step = step
         self.state.tokens_seen += self.plan.tokens_per_step
         self.throughput.add(time.perf_counter() - start, self.plan.tokens_per_step)
-        return stop_votes > 0
+        return values.stop_votes > 0
 
     def _log_interval(self) -> None:
         metrics = self.interval.flush()
@@ -652,7 +601,11 @@ class Trainer:
         sharded = self.strategy == "fsdp"
         model = self.model if sharded else self.raw_model
         metrics = evaluate_model(
-            model, self.data, self.env, sharded=sharded, autocast=self._autocast
+            model,
+            self.data,
+            self.env,
+            sharded=sharded,
+            autocast=partial(autocast, self.precision, self.strategy, self.env.device),
         )
         self.eval_history.append((self.step, metrics))
         if self.env.is_main:
@@ -684,12 +637,3 @@ class Trainer:
         if self.lock is not None:  # the folder is free once this run has stopped writing it
             self.lock.release()
             self.lock = None
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(model):
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)

@@ -3,7 +3,8 @@ toy sizes and streams its measurements into --out (flat, at most 8 files), a SIG
 leaves a valid record of what finished, a missing wheel fails only the section that needs it and
 says so, the budget skips what does not fit, and the pytest section keeps its log and junit. An
 error in flashtrain's own op fails its section (a baseline's is only a note), a CUDA fault stops
-the suite, and a section launches every shape it times in its compile phase first."""
+the suite, and a section launches every shape it times in its compile phase first. The training
+section runs the trainer per model, length and attention; its targets read rows of real sizes."""
 
 from __future__ import annotations
 
@@ -19,10 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashtrain.lab.bench import baselines, correctness
+from flashtrain.lab.bench import baselines, correctness, training
+from flashtrain.lab.bench.training import baseline_note
 from flashtrain.lab.gpu_suite import cli
 from flashtrain.lab.gpu_suite.record import Record, Section
+from flashtrain.lab.gpu_suite.sections import missing_modules
 from flashtrain.lab.gpu_suite.summary import derive, summary_markdown
+from flashtrain.lab.gpu_suite.targets import training_targets
+from flashtrain.train.faults import NonFiniteLossError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,9 +97,7 @@ def test_dry_run_streams_every_section(dry_run):
     assert sections["sweep"]["tma_allowed"]
     assert {"fwd/16/float32 32x16 w4 s1 tma ws", "fwd/16/float32 32x16 w4 s1 tma persistent",
             "fwd/16/float32 32x16 w4 s1 tma ws persistent"} <= set(sections["sweep"]["measured"])  # fmt: skip
-    runs = sections["training"]["rows"]
-    assert [r["attention"] for r in runs] == ["flash", "sdpa"]
-    assert all(r["tokens_per_s"] > 0 and r["step_split_ms"]["matmul"] > 0 for r in runs)
+    check_training(sections["training"], out)
     assert {(r["causal"], r["mode"]) for r in sections["long"]["rows"]} == {
         (c, m) for c in (True, False) for m in ("fwd", "bwd", "fwd_bwd")
     }
@@ -102,26 +105,55 @@ def test_dry_run_streams_every_section(dry_run):
         assert sections[name]["compile_seconds"] >= 0, name
     summary = (out / "summary.md").read_text()
     for piece in ("DRY RUN", "Correctness: 11/11", "Targets (issue 12)", "Tile sweep",
-                  "GPT-2 training", "Long sequence", "| attention | done | 27/27 |",
+                  "Long sequence", "| attention | done | 27/27 |",
                   "| seconds | compile s |"):  # fmt: skip
         assert piece in summary, piece
     assert (out / "attention-fwd-bwd.png").stat().st_size > 1000
     assert_flat_and_few(out)
 
 
-def test_second_call_names_the_gpu_and_measures_llama_and_decode(tmp_path, cpu_route):
+def check_training(sec: dict, out: Path) -> None:
+    """The training section of a dry run: a row per model, length and attention through the
+    trainer, the micro-batch auto chose, the profiled step's split, the targets computed on the
+    dry numbers, the table in summary.md and the plot."""
+    runs = sec["rows"]
+    assert [(r["model"], r["seqlen"], r["attention"]) for r in runs] == [
+        (m, s, a) for m, s in (("gpt2", 64), ("llama-125m", 128))
+        for a in ("flash", "sdpa-flash", "sdpa-cudnn")
+    ]  # fmt: skip
+    # cuDNN has no CPU kernel: a baseline's missing kernel is a note, the run still ok
+    cudnn = [r for r in runs if r["attention"] == "sdpa-cudnn"]
+    assert all(r["note"].startswith("unsupported: No viable backend") for r in cudnn)
+    measured = [r for r in runs if r["attention"] != "sdpa-cudnn"]
+    for r in measured:
+        assert r["tokens_per_s"] > 0 and r["mfu_percent"] > 0 and r["step_ms"] > 0, r
+        # micro_batch_size=auto on a CPU is 8; 1024 tokens a step: 16 sequences at 64, 8 at 128
+        assert r["micro_batch_size"] == 8 and r["grad_accum"] == 1024 // r["seqlen"] // 8, r
+        split = r["split"]
+        assert split["device"] == "cpu" and split["ms_per_step"]["matmul"] > 0, split
+        assert sum(split["ms_per_step"].values()) == pytest.approx(split["window_ms"], rel=0.02)
+    targets = {t["target"]: t for t in sec["targets"]}
+    assert targets["GPT-2 small 1K MFU % (flash)"]["ratio"] > 0
+    assert targets["Llama-125M 16K tokens/s flash vs best SDPA"]["ratio"] > 0
+    assert targets["step split accounts for the GPU window (worst row)"]["passed"]
+    summary = (out / "summary.md").read_text()
+    for piece in ("## Training through the trainer (issue 44)", "| micro x accum |",
+                  "| matmul | attention | loss | elementwise | optimizer | other | idle |",
+                  "| gpt2 | 64 | flash | 8 x 2 |", "| llama-125m | 128 | sdpa-cudnn | unsupported",
+                  "### Targets (issue 44, predictions)"):  # fmt: skip
+        assert piece in summary, piece
+    if not missing_modules(["matplotlib"]):
+        assert (out / "training-mfu.png").stat().st_size > 1000
+
+
+def test_second_call_names_the_gpu_and_measures_decode(tmp_path, cpu_route):
     """Call 2 of docs/gpu_session.md: its files start with the environment though it names only
-    llama and decode; Llama through the trainer (flash and sdpa), every decode method per
-    cache length, both in summary.md."""
-    code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "decode", "llama"])
+    decode; every decode method per cache length, in summary.md."""
+    code = cli.main(["--dry-run", "--out", str(tmp_path), "--sections", "decode"])
     record = state(tmp_path)
     assert code == 0, {n: s["status"] for n, s in record["sections"].items()}
-    assert list(record["sections"]) == ["environment", "llama", "decode"]
+    assert list(record["sections"]) == ["environment", "decode"]
     assert "device" in record["runs"][-1]
-    runs = record["sections"]["llama"]["rows"]
-    assert [(r["model"], r["attention"]) for r in runs] == [("llama-125m", "flash"),
-                                                            ("llama-125m", "sdpa")]  # fmt: skip
-    assert all(r["tokens_per_s"] > 0 for r in runs)
     rows = record["sections"]["decode"]["rows"]
     assert {(r["cache_len"], r["method"]) for r in rows} == {
         (n, m) for n in (64, 256) for m in ("kvcache", "kvcache-1", "flash", "sdpa")
@@ -129,10 +161,62 @@ def test_second_call_names_the_gpu_and_measures_llama_and_decode(tmp_path, cpu_r
     assert all(r["max_abs_diff_vs_kvcache"] < 1e-4 for r in rows), rows
     assert record["sections"]["decode"]["compile_seconds"] >= 0
     summary = (tmp_path / "summary.md").read_text()
-    for piece in ("## Llama training", "| llama-125m | 64 | flash |", "## Decode step",
-                  "| 256 | sdpa |"):  # fmt: skip
+    for piece in ("## Decode step", "| 256 | sdpa |"):
         assert piece in summary, piece
     assert_flat_and_few(tmp_path)
+
+
+def training_row(model, seqlen, attention, tokens_per_s, mfu, window=100.0, accounted=100.0):
+    buckets = {"matmul": accounted / 2, "attention": accounted / 4, "idle": accounted / 4}
+    split = {"window_ms": window, "ms_per_step": buckets} if window else None
+    return {"model": model, "seqlen": seqlen, "attention": attention,
+            "tokens_per_s": tokens_per_s, "mfu_percent": mfu, "split": split}  # fmt: skip
+
+
+def test_training_targets_at_real_sizes():
+    """GPT-2 at 1K with our attention against 45% MFU; Llama at 16K ours over the faster SDPA
+    backend (an unsupported one left out); the worst row's split against its GPU window, and a
+    row without a split fails that target."""
+    rows = [
+        training_row("gpt2", 1024, "flash", 3e5, 46.0),
+        training_row("gpt2", 1024, "sdpa-flash", 3e5, 50.0),  # not ours: not the MFU target
+        training_row("llama-125m", 16384, "flash", 1.2e5, 30.0, accounted=101.0),
+        training_row("llama-125m", 16384, "sdpa-flash", 1.0e5, 25.0),
+        training_row("llama-125m", 16384, "sdpa-cudnn", 1.5e5, 37.0, accounted=99.5),
+        {"model": "llama-125m", "seqlen": 1024, "attention": "sdpa-cudnn", "note": "unsupported"},
+    ]
+    mfu, vs_sdpa, split = training_targets(rows, dry=False)
+    assert (mfu["ratio"], mfu["passed"]) == (46.0, True)
+    assert vs_sdpa["ratio"] == pytest.approx(1.2 / 1.5) and vs_sdpa["passed"] is False
+    assert split["ratio"] == pytest.approx(0.99) and split["passed"] is True
+    rows[1]["split"] = None  # step_split could not account for its window
+    assert training_targets(rows, dry=False)[2]["passed"] is False
+    assert [t["passed"] for t in training_targets([], dry=False)] == [None, None, None]
+
+
+def test_only_a_baselines_missing_kernel_is_a_note():
+    """A trainer run of an SDPA backend that raises is a note; ours, out of memory, a CUDA fault
+    and flashtrain's own errors (a non-finite loss) are failures."""
+    assert baseline_note("sdpa-cudnn", RuntimeError("No available kernel. Aborting.")) == (
+        "unsupported: No available kernel."
+    )
+    for attention, err in (("flash", RuntimeError("No available kernel.")),
+                           ("sdpa-flash", torch.OutOfMemoryError("CUDA out of memory.")),
+                           ("sdpa-flash", RuntimeError(CUDA_FAULT)),
+                           ("sdpa-flash", NonFiniteLossError(3, float("nan"), 1.0, None))):  # fmt: skip
+        assert baseline_note(attention, err) is None, err
+
+
+def test_a_trainer_run_refused_by_its_sdpa_backend_is_a_note(tmp_path, monkeypatch, cpu_route):
+    """Past the probe (a backend that runs on the device but not on a run's shapes): the trainer
+    raises at its first step, closes, and the row is the note."""
+    monkeypatch.setattr(training, "backend_missing", lambda attention, device: None)
+    row = training.run_training("gpt2", 64, "sdpa-cudnn", False, training.Schedule(1, 1, 1), 256,
+                                tmp_path, dry_run=True)  # fmt: skip
+    assert (
+        row["note"] == "unsupported: No viable backend for scaled_dot_product_attention was found."
+    )
+    assert "tokens_per_s" not in row
 
 
 def test_every_measurement_is_on_disk_before_the_next_starts(tmp_path):

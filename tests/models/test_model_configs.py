@@ -7,6 +7,7 @@ from config_testing import CONFIGS, group_options
 from model_testing import TINY_CLASSIFIER, TINY_GPT2, load_attention_config, load_model_config
 from omegaconf import OmegaConf
 
+from flashtrain.lab.bench.flops import attention_flops
 from flashtrain.models import (
     ATTENTION_IMPLS,
     GPT2,
@@ -133,9 +134,15 @@ def test_flops_per_token_is_6n_plus_attention():
     model = build_meta("gpt2", 1024, 50257)
     n = 124_439_808 - 1024 * 768  # positions are lookups, the tied embedding is the head's matmul
     assert model.num_parameters(non_embedding=True) == n
-    assert model.estimate_flops_per_token(1024) == 6 * n + 12 * 12 * 768 * 1024
-    assert model.estimate_flops_per_token(2048) - model.estimate_flops_per_token(1024) == (
-        12 * 12 * 768 * 1024
+    # attention as FlashAttention counts it: 4 * S * S * D a head forward, halved for causal,
+    # the backward 2.5x: per token and layer 14 * d_model * S / 2
+    attention = attention_flops(1, 12, 1024, 1024, 64, causal=True, mode="fwd_bwd") / 1024 * 12
+    assert attention == 14 * 12 * 768 * 1024 / 2
+    assert model.estimate_flops_per_token(1024) == 6 * n + attention
+    assert model.estimate_flops_per_token(2048) - model.estimate_flops_per_token(1024) == attention
+    bert = build_meta("bert-base", 1024, 30522)  # no causal mask: every key
+    assert bert.estimate_flops_per_token(1024) - 6 * bert.num_parameters(non_embedding=True) == (
+        14 * 12 * 768 * 1024
     )
 
 
@@ -202,7 +209,7 @@ def test_unknown_keys_and_bad_values():
         ConfigError, match=r"unknown key 'model.n_layers'.*\(GPT2Config\): arch, n_layer"
     ):
         build_model({**TINY_GPT2, "n_layers": 3}, {"impl": "sdpa"})
-    with pytest.raises(ConfigError, match=r"unknown key 'attention.window'.*: impl$"):
+    with pytest.raises(ConfigError, match=r"unknown key 'attention.window'.*: impl, backend$"):
         build_model(TINY_GPT2, {"impl": "sdpa", "window": 3})
     with pytest.raises(ConfigError, match=r"unknown key 'attention.pattern'"):
         build_model(TINY_GPT2, {"impl": "flash", "pattern": "local"})  # blocksparse's key
@@ -222,3 +229,21 @@ def test_unknown_keys_and_bad_values():
         build_model({**TINY_CLASSIFIER, "max_seq_len": 60}, {"impl": "sdpa"})
     with pytest.raises(ValueError, match="pooling='max'; allowed: mean, cls"):
         build_model({**TINY_CLASSIFIER, "pooling": "max"}, {"impl": "sdpa"})
+
+
+def test_sdpa_backend_pins_one_kernel_and_refuses_an_unknown_one():
+    """attention.backend=math runs PyTorch's math kernel alone (the result agrees with auto's);
+    a backend with no kernel for the call is PyTorch's error, never a silent fallback."""
+    from flashtrain.models.attention_layers import AttentionContext, build_attention
+
+    q, k, v = (torch.randn(2, 7, 2, 8, dtype=torch.float64) for _ in range(3))  # (B, T, H, D)
+    ctx = AttentionContext(causal=True)
+    auto = build_attention({"impl": "sdpa"})(q, k, v, ctx)
+    math = build_attention({"impl": "sdpa", "backend": "math"})
+    torch.testing.assert_close(math(q, k, v, ctx), auto)
+    assert "backend=math" in repr(math)
+    with pytest.raises(ConfigError, match=r"attention.backend='fa3'; allowed: auto, flash, cudnn"):
+        build_attention({"impl": "sdpa", "backend": "fa3"})
+    if not torch.cuda.is_available():  # no memory-efficient kernel on a CPU
+        with pytest.raises(RuntimeError, match="No viable backend"):
+            build_attention({"impl": "sdpa", "backend": "efficient"})(q, k, v, ctx)

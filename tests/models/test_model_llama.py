@@ -228,9 +228,12 @@ def test_flops_count_gqa_swiglu_and_the_window():
     )  # the head, not the table
     assert model.num_parameters(non_embedding=True) == matmul + (2 * n + 1) * c  # + RMSNorm gains
     t = 8192
-    assert model.estimate_flops_per_token(t) == 6 * (matmul + (2 * n + 1) * c) + 12 * n * c * t
-    windowed = _published(sliding_window=4096)
-    assert windowed.estimate_flops_per_token(t) == model.estimate_flops_per_token(4096)
+    assert model.estimate_flops_per_token(t) == 6 * (matmul + (2 * n + 1) * c) + 14 * n * c * t / 2
+    windowed = _published(sliding_window=4096)  # a query sees min(i + 1, 4096) keys: 3072 a query
+    assert windowed.estimate_flops_per_token(t) == model.estimate_flops_per_token(2 * 3072)
+    assert _published(sliding_window=t).estimate_flops_per_token(
+        t
+    ) == model.estimate_flops_per_token(t)
 
 
 # ---- longer context from a shorter checkpoint --------------------------------------------------

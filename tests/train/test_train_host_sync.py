@@ -21,12 +21,13 @@ from config_testing import compose
 from train_testing import TINY
 
 import flashtrain
+import flashtrain.train.step as step_module
 import flashtrain.train.trainer as trainer_module
 from flashtrain.train import run
 
 PACKAGE = str(Path(flashtrain.__file__).resolve().parent)
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
-THE_COPY = "trainer.py:host_values: return values.tolist()"
+THE_COPY = "step.py:host_values: return values.tolist()"
 # Reads that are not device syncs, made on CPU tensors only: the PyTorch CPU attention route
 # takes the dropout seed as an int (the CUDA route hands the kernels the device tensor) and
 # walks packed sequences by their cu_seqlens bounds (the CUDA route's kernels read them), the
@@ -101,9 +102,9 @@ def test_a_step_reads_device_values_once(tmp_path, monkeypatch, extra):
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, watch.wrap(name, getattr(torch.Tensor, name)))
     copies = []
-    host_values = trainer_module.host_values
+    host_values = step_module.host_values
     monkeypatch.setattr(
-        trainer_module, "host_values", lambda values: copies.append(1) or host_values(values)
+        step_module, "host_values", lambda values: copies.append(1) or host_values(values)
     )
     train_step = trainer_module.Trainer._train_step
 

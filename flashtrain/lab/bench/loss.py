@@ -1,14 +1,18 @@
-"""LM-head loss benchmark: time and peak memory of forward + backward, fused vs chunked vs plain.
+"""LM-head loss benchmark: time and peak memory of forward + backward, method by method.
 
     python scripts/bench_loss.py                              # GPT-2 head (V 50257, C 768), 1K..64K tokens
     python scripts/bench_loss.py --tokens 1024 16384 --methods chunked plain
     python scripts/bench_loss.py --measure chunked --tokens 16384 --hidden 64   # one point, JSON on stdout
 
-Methods (mean loss over the tokens, then backward):
+Methods (mean loss over the tokens, then backward; flashtrain/lab/bench/loss_methods.py):
   fused    flashtrain's Triton kernel (impl="fused"): logits never in memory (CUDA only here; on a
            CPU its evidence is its exactness under the interpreter, tests/models/test_loss_fused.py)
   chunked  flashtrain's PyTorch path (impl="chunked", 2048-token chunks)
+  compiled a chunked cross-entropy under torch.compile (its compile is outside the timing)
+  liger    Liger-Kernel's fused linear cross-entropy (CUDA, where liger-kernel is installed)
   plain    F.cross_entropy(h @ W.T): the full (tokens, vocab) logits
+The GPU suite's loss section (flashtrain/lab/gpu_suite/loss_section.py) times the same methods
+in one process, with their agreement checked first.
 Every point runs in its own process, so peak memory is that process's alone: on CUDA the peak
 allocated bytes beyond the inputs, on CPU the peak resident set (VmHWM, reset before the call)
 beyond the resident set with the inputs in place (glibc told to map large blocks one by one:
@@ -30,13 +34,11 @@ from datetime import date
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from flashtrain.lab.bench import measure, results
+from flashtrain.lab.bench.loss_methods import METHODS, loss_fn, unavailable
 from flashtrain.lab.checkout import REPO, RESULTS
-from flashtrain.models.loss import linear_cross_entropy
 
-METHODS = ("fused", "chunked", "plain")
 # glibc: blocks of 64 KiB and more get their own mapping, returned when freed (a fixed threshold
 # also stops glibc from raising it and keeping freed tensors resident), so the resident set
 # follows the live tensors and peaks are comparable between methods.
@@ -57,7 +59,7 @@ def parse_args(argv=None):
         nargs="+",
         choices=METHODS,
         default=None,
-        help="default: all three on CUDA, chunked and plain on CPU",
+        help="default: all on CUDA (liger where installed), chunked, compiled and plain on CPU",
     )
     p.add_argument("--chunk-size", type=int, default=2048)
     p.add_argument(
@@ -79,23 +81,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def loss_fn(method: str, h, w, y, chunk_size: int):
-    """fwd + bwd of the mean loss; grads are dropped after each call so every call starts alike."""
-
-    def run():
-        if method == "plain":
-            loss = F.cross_entropy((h @ w.t()).float(), y)
-        else:
-            loss_sum, _ = linear_cross_entropy(
-                h, w, y, impl=method, chunk_size=chunk_size, compute_hits=False
-            )
-            loss = loss_sum / y.shape[0]
-        loss.backward()
-        h.grad = w.grad = None
-
-    return run
-
-
 def _status_bytes(field: str) -> int:
     """VmRSS (resident now) or VmHWM (peak resident) of this process, from /proc/self/status."""
     with open("/proc/self/status") as f:
@@ -115,19 +100,25 @@ def measure_point(method: str, tokens: int, hidden: int, vocab: int, chunk_size:
     """One (method, tokens) point in this process: {"ms", "peak_mib", "note"}."""
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    skip = unavailable(method, device)
+    if skip:
+        return {"ms": None, "peak_mib": None, "note": skip}
     torch.manual_seed(0)
     h = torch.randn(tokens, hidden, device=device, dtype=dtype).requires_grad_()
     w = (0.02 * torch.randn(vocab, hidden, device=device, dtype=dtype)).requires_grad_()
     y = torch.randint(0, vocab, (tokens,), device=device)
     fn = loss_fn(method, h, w, y, chunk_size)
-    if cuda:
-        m = measure.measure(fn, warmup=3, rep=rep or 20, baseline=method == "plain")
+    if cuda:  # measure's first call compiles (compiled, liger), untimed
+        baseline = method in ("plain", "compiled", "liger")
+        m = measure.measure(fn, warmup=3, rep=rep or 20, baseline=baseline)
         return {"ms": m.ms, "peak_mib": m.peak_mib, "note": m.note}
     rep = rep or (3 if tokens <= 4096 else 1)
     # Lazy initialisation (imports, thread pools, the interpreter) stays resident: do it first.
     small = [t[:64].detach().clone().requires_grad_(t.requires_grad) for t in (h, w)]
     loss_fn(method, *small, y[:64] % 64, chunk_size)()
     del small
+    if method == "compiled":  # its compile is per shape: never inside the timed calls
+        fn()
     base = _status_bytes("VmRSS")
     _reset_peak_rss()
     times = []
@@ -269,7 +260,7 @@ def main(argv=None) -> int:
         print(json.dumps(point))
         return 0
     cuda = torch.cuda.is_available()
-    methods = args.methods or (list(METHODS) if cuda else ["chunked", "plain"])
+    methods = args.methods or (list(METHODS) if cuda else ["chunked", "compiled", "plain"])
     if not cuda and "fused" in methods:
         print(
             "No CUDA: the fused kernel is not timed on CPU (its CPU evidence is its exactness "
@@ -282,7 +273,8 @@ def main(argv=None) -> int:
     rows = []
     for tokens in args.tokens:
         for method in methods:
-            skip = plain_too_big(args, tokens) if method == "plain" else ""
+            device = "cuda" if cuda else "cpu"
+            skip = plain_too_big(args, tokens) if method == "plain" else unavailable(method, device)
             load = os.getloadavg()[0]  # CPU timings on a shared machine: how busy it was
             t0 = time.time()
             point = (

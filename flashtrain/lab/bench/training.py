@@ -1,25 +1,30 @@
-"""Training throughput for the GPU suite (GPT-2 small, Llama ~125M): the real trainer
-(flashtrain.train.Trainer on a Hydra-composed configs/train.yaml), tokens/s, MFU and peak memory
-from its metrics file, and a torch.profiler split of a few steps into loss, matmuls, attention,
-elementwise and idle."""
+"""Training throughput for the GPU suite: one run of the real trainer (flashtrain.train.Trainer on
+a Hydra-composed configs/train.yaml) per model, context length and attention, with
+micro_batch_size=auto and a fixed global batch in tokens. A row holds the medians of tokens/s,
+step time and MFU over the steady steps (after the compile), the micro-batch the trainer chose,
+peak memory, and where the profiled steps' time went (step_split.profile_split: per-step ms by
+bucket, the GPU window, the heaviest kernels).
+
+MFU is the trainer's one definition (flashtrain/train/metrics.py, docs/benchmarks.md): the
+model's estimate_flops_per_token (attention counted as FlashAttention counts it) times tokens/s
+over the GPU's dense bf16 peak from the table."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from flashtrain.lab.bench.measure import is_cuda_fault
+from flashtrain.lab.bench.step_split import profile_split
 from flashtrain.lab.checkout import CONFIGS
-from flashtrain.train.metric_names import MFU, TOKENS_PER_S, TRAIN_LOSS, canonical_row
-
-CATEGORIES = {  # first match wins; names of CUDA kernels and of aten ops (CPU)
-    "attention": r"attn|attention|flash|fmha|sdpa|_fwd_kernel|_bwd_kernel|dkdv|_dq",
-    "loss": r"cross_entropy|nll_loss|log_softmax|linear_cross_entropy|_lce",
-    "matmul": r"gemm|matmul|aten::mm|addmm|bmm|aten::linear|cutlass|nvjet|xmma|sm90_|sm80_",
-}
+from flashtrain.train.metric_names import STEP_TIME_S, TOKENS_PER_S, TRAIN_LOSS, canonical_row
+from flashtrain.train.metrics import mfu_percent
 
 
 def compose(overrides: list[str]):
@@ -27,11 +32,17 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    _register_schemas_once()
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides))
+
+
+@functools.cache
+def _register_schemas_once() -> None:
+    """As train.py, once a process: again costs ~0.06 s a compose (the suite composes nine)."""
     from flashtrain.train import register_schemas
 
     register_schemas()
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return hydra_compose("train", overrides=list(overrides))
 
 
 # The measured models at GPT-2's vocabulary (so the two compare at the same size), and the tiny
@@ -41,14 +52,37 @@ DRY_MODELS = {
     "gpt2": ("model=gpt2-tiny", "model.n_layer=2", "model.n_head=2", "model.d_model=64"),
     "llama-125m": ("model=llama-tiny", "model.n_layer=2", "model.d_model=64"),
 }
+# A row's attention: ours, and SDPA pinned to PyTorch's FlashAttention-2 or to cuDNN's kernel.
+ATTENTIONS = {
+    "flash": ("attention=flash",),
+    "sdpa-flash": ("attention=sdpa", "attention.backend=flash"),
+    "sdpa-cudnn": ("attention=sdpa", "attention.backend=cudnn"),
+}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A run's steps: `warm` left out (the compile, the allocator's first sizes), `timed` whose
+    medians are the row's, one profiler warm-up step, then `profiled` steps recorded."""
+
+    warm: int
+    timed: int
+    profiled: int
+
+    @property
+    def steps(self) -> int:
+        return self.warm + self.timed + 1 + self.profiled
+
+    def is_timed(self, step: int) -> bool:
+        return self.warm < step <= self.warm + self.timed
 
 
 def overrides_for(model: str, seqlen: int, attention: str, compile_: bool, steps: int,
-                  dry_run: bool) -> list[str]:  # fmt: skip
-    """`model` (a MODELS key) on the synthetic data, ~16K tokens a step; the dry run shrinks
-    everything to the tiny model of the same family on CPU."""
+                  tokens: int, dry_run: bool) -> list[str]:  # fmt: skip
+    """`model` (a MODELS key) on the synthetic data, `tokens` a step, the micro-batch the memory
+    plan fits; the dry run shrinks everything to the tiny model of the same family on CPU."""
     base = [
-        f"attention={attention}",
+        *ATTENTIONS[attention],
         f"seq_len={seqlen}",
         f"trainer.max_steps={steps}",
         f"trainer.compile={str(compile_).lower()}",
@@ -60,95 +94,136 @@ def overrides_for(model: str, seqlen: int, attention: str, compile_: bool, steps
         "trainer.progress=lines",
         "logger=none",
         "data=synthetic",
+        "micro_batch_size=auto",
+        "global_batch_size=null",
+        f"global_batch_tokens={tokens}",
     ]
     if dry_run:
-        return base + [*DRY_MODELS[model], "micro_batch_size=2", "global_batch_size=2",
-                       "trainer.device=cpu"]  # fmt: skip
-    micro = max(1, 16384 // seqlen)
-    return base + [
-        *MODELS[model],
-        "data.vocab_size=50257",
-        f"micro_batch_size={micro}",
-        f"global_batch_size={micro}",
-    ]
+        # one thread: the toy needs no more, and no sample of how busy the cores are (0.1 s a run)
+        return base + [*DRY_MODELS[model], "trainer.device=cpu", "trainer.cpu_threads=1"]
+    return base + [*MODELS[model], "data.vocab_size=50257"]
 
 
-def _category(name: str) -> str:
-    for category, pattern in CATEGORIES.items():
-        if re.search(pattern, name, re.I):
-            return category
-    return "elementwise/other"
+def baseline_note(attention: str, err: RuntimeError) -> str | None:
+    """An SDPA baseline's RuntimeError (a pinned backend without a kernel for these inputs: cuDNN
+    on a CPU, say) is a note on its row, as in the attention section; None: raise it. Never a
+    note: any error in a run of ours or raised by flashtrain (a non-finite loss), a CUDA fault
+    (the context is dead: the suite stops), and running out of memory (micro_batch_size=auto's
+    plan failed, which the suite must show)."""
+    ours = attention == "flash" or type(err).__module__.startswith("flashtrain")
+    if ours or isinstance(err, torch.OutOfMemoryError) or is_cuda_fault(err):
+        return None
+    return f"unsupported: {first_sentence(err)}"
 
 
-def step_split(prof, cuda: bool) -> dict[str, float]:
-    """Milliseconds per profiled step by category; idle = step wall time not covered by kernels
-    (CUDA) or by aten ops' own time (CPU)."""
-    steps = [e for e in prof.key_averages() if e.key.startswith("ProfilerStep")]
-    wall_us = sum(e.cpu_time_total for e in steps)
-    n_steps = max(1, sum(e.count for e in steps))
-    split: dict[str, float] = {}
-    for e in prof.key_averages():
-        if e.key.startswith("ProfilerStep"):
-            continue
-        if cuda:
-            us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
-            if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
-                continue
-        else:
-            if not e.key.startswith("aten::"):
-                continue
-            us = e.self_cpu_time_total
-        cat = _category(e.key)
-        split[cat] = split.get(cat, 0.0) + us / 1e3 / n_steps
-    split["idle"] = max(0.0, wall_us / 1e3 / n_steps - sum(split.values()))
-    return {k: round(v, 3) for k, v in split.items()}
+def backend_missing(attention: str, device: str) -> str | None:
+    """The note of an SDPA backend that has no kernel on `device` at all (cuDNN on a CPU), from
+    one tiny causal call, so no trainer is built for it; None: it runs here (a run's own shapes
+    may still be refused: baseline_note)."""
+    backend = dict(o.split("=") for o in ATTENTIONS[attention]).get("attention.backend")
+    if backend is None:
+        return None
+    from torch.nn.attention import sdpa_kernel
+
+    from flashtrain.models.attention_layers import SDPA_BACKENDS
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q = torch.zeros(1, 1, 16, 64, device=device, dtype=dtype)
+    try:
+        with sdpa_kernel(SDPA_BACKENDS[backend]):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    except RuntimeError as err:
+        return baseline_note(attention, err)
+    return None
 
 
-def run_training(model, seqlen, attention, compile_, steps, run_dir: Path, dry_run: bool) -> dict:
-    """One trainer run: median tokens/s and MFU of the steps before the profiled ones, peak
-    memory, and the profiler split of the last few steps."""
-    from flashtrain.train import Trainer
+def first_sentence(err: BaseException) -> str:
+    """The error's first sentence (PyTorch's no-kernel errors run on with advice)."""
+    line = (str(err).strip().splitlines() or [""])[0]
+    return re.split(r"(?<=\.)\s", line, maxsplit=1)[0][:200]
 
-    cfg = compose(overrides_for(model, seqlen, attention, compile_, steps, dry_run))
-    cuda = torch.cuda.is_available() and not dry_run
-    active = max(1, min(4, steps // 4))
-    wait = steps - active - 1
+
+def _profiler(cuda: bool, schedule: Schedule):
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    prof = torch.profiler.profile(
+    wait = schedule.warm + schedule.timed
+    return torch.profiler.profile(
         activities=activities,
-        schedule=torch.profiler.schedule(wait=wait, warmup=1, active=active, repeat=1),
+        schedule=torch.profiler.schedule(wait=wait, warmup=1, active=schedule.profiled, repeat=1),
     )
 
-    class ProfiledTrainer(Trainer):
-        def _train_step(self, preempt):
-            stop = super()._train_step(preempt)
-            prof.step()
-            return stop
 
+def _split(prof) -> dict:
+    """{"split": ...} or, when the trace cannot be split (its buckets miss the window by more
+    than step_split's tolerance, or the split fails), {"split": None, "split_error": why}: the
+    run's throughput stays on record and the target on the split fails."""
+    try:
+        return {"split": profile_split(prof)}
+    except Exception as err:  # noqa: BLE001  (the split must not lose the run's figures)
+        return {"split": None, "split_error": f"{type(err).__name__}: {str(err)[:300]}"}
+
+
+def _fresh_compile_caches() -> None:
+    """Each run compiles as a fresh process would: without it a later run's blocks recompile
+    with dynamic shapes (automatic dynamic shapes, once a second seqlen was seen) or fall back
+    to eager at dynamo's recompile limit. The on-disk Inductor and Triton caches stay."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+
+
+def run_training(model: str, seqlen: int, attention: str, compile_: bool, schedule: Schedule,
+                 tokens: int, run_dir: Path, dry_run: bool) -> dict:  # fmt: skip
+    """One trainer run, its row (the module docstring); an SDPA backend that has no kernel for
+    these inputs gives a row with a note and no figures."""
+    from flashtrain.train import Trainer
+
+    overrides = overrides_for(model, seqlen, attention, compile_, schedule.steps, tokens, dry_run)
+    cfg = compose(overrides)
+    cuda = torch.cuda.is_available() and not dry_run
+    row = {"model": model, "seqlen": seqlen, "attention": attention, "compile": compile_,
+           "steps": schedule.steps, "global_batch_tokens": tokens}  # fmt: skip
+    missing = backend_missing(attention, "cuda" if cuda else "cpu")
+    if missing:
+        return dict(row, note=missing)
+    if compile_:
+        _fresh_compile_caches()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    trainer = ProfiledTrainer(cfg, run_dir)
+    prof = _profiler(cuda, schedule)
+    trainer = Trainer(cfg, run_dir)
     ok = False
     try:
         with prof:
-            trainer.fit()
+            trainer.fit(on_step=lambda step: prof.step())
         ok = True
+    except RuntimeError as err:
+        note = baseline_note(attention, err)
+        if note is None:
+            raise
+        return dict(row, note=note)
     finally:
         trainer.close(clean=ok)
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    rows = [canonical_row(json.loads(line)) for line in lines]
-    timed = [r for r in rows if TOKENS_PER_S in r and 2 < r["step"] <= wait] or rows[-1:]
-    return {
-        "model": model,
-        "seqlen": seqlen,
-        "attention": attention,
-        "compile": compile_,
-        "steps": steps,
-        "tokens_per_s": statistics.median(r[TOKENS_PER_S] for r in timed),
-        "mfu_percent": statistics.median(r.get(MFU, float("nan")) for r in timed),
-        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-        "step_split_ms": step_split(prof, cuda),
-        "final_loss": rows[-1].get(TRAIN_LOSS),
-    }
+    plan = trainer.plan
+    metrics = [canonical_row(json.loads(line))
+               for line in (run_dir / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    timed = [r for r in metrics if TOKENS_PER_S in r and schedule.is_timed(r["step"])]
+    tokens_per_s = statistics.median(r[TOKENS_PER_S] for r in timed)
+    auto = getattr(trainer, "auto_batch", None)
+    row.update(
+        micro_batch_size=plan.micro_batch_size,
+        grad_accum=plan.grad_accum,
+        micro_batch_choice=auto.describe() if auto is not None else None,
+        timed_steps=len(timed),
+        tokens_per_s=tokens_per_s,
+        step_ms=1e3 * statistics.median(r[STEP_TIME_S] for r in timed),
+        mfu_percent=mfu_percent(trainer.flops_per_token, tokens_per_s, trainer.peak.flops),
+        flops_per_token=trainer.flops_per_token,
+        peak_flops=trainer.peak.flops,
+        peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        final_loss=metrics[-1].get(TRAIN_LOSS),
+        **_split(prof),
+    )
+    if compile_:  # a graph break runs eager between the compiled pieces: the MFU story's part
+        row["graph_breaks"] = sum(torch._dynamo.utils.counters["graph_break"].values())
+    return row

@@ -1,19 +1,20 @@
 """The whole GPU protocol, streamed into the folder that comes back (issue 20).
 
     python scripts/gpu_suite.py --out "$OUT" --budget-min 9          # call 1: every headline figure
-    python scripts/gpu_suite.py --out "$OUT" --budget-min 3 --sections llama decode   # call 2, warm
+    python scripts/gpu_suite.py --out "$OUT" --budget-min 3 --sections decode   # call 2, warm
     python scripts/gpu_suite.py --out "$OUT" --budget-min 6 --sections sweep
     python scripts/gpu_suite.py --out "$OUT" --budget-min 4 --sections pytest
     python scripts/gpu_suite.py --out "$OUT" --budget-min 6 --sections hopper   # the Gluon backward
     python scripts/gpu_suite.py --dry-run --out /tmp/suite           # toy sizes on CPU, no figure
 
 Default sections, in order of value: environment, peaks, correctness, attention, training, long,
-then the sweep with what is left of the budget (longctx, llama, decode, hopper and pytest run only when named). OUT gets at most
-7 files, flat: suite.json and summary.md (rewritten atomically after every measurement), the
-sweep's tuning-table-<gpu>.json, pytest.log and pytest-junit.xml, two attention plots. SIGINT or
-SIGTERM stops at the next measurement boundary and still writes (a second one at once); so does
-a CUDA fault (every later launch would fail alike). Exit 0: every section done; 1: a section
-failed or is incomplete (its status says why); 2: bad use; 130/143: stopped by SIGINT/SIGTERM.
+then the sweep with what is left of the budget (loss, longctx, decode, hopper and pytest run
+only when named). OUT gets at most 8 files, flat: suite.json and summary.md (rewritten atomically
+after every measurement), the sweep's tuning-table-<gpu>.json, pytest.log and pytest-junit.xml,
+two attention plots and the training plot (gpu_suite/plots.py). SIGINT or SIGTERM stops at the
+next measurement boundary and still writes (a second one at once); so does a CUDA fault (every
+later launch would fail alike). Exit 0: every section done; 1: a section failed or is incomplete
+(its status says why); 2: bad use; 130/143: stopped by SIGINT/SIGTERM.
 See docs/gpu_session.md for the session's calls.
 """
 
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from flashtrain.lab.bench import results
+from flashtrain.lab.gpu_suite import plots as suite_plots
 from flashtrain.lab.gpu_suite import sections
 from flashtrain.lab.gpu_suite.record import Record, SectionFailed
 from flashtrain.lab.gpu_suite.summary import derive, summary_markdown
@@ -39,12 +40,13 @@ DEFAULT = ("environment", "peaks", "correctness", "attention", "training", "long
 # is left, so they come last.
 # hopper (the Gluon backward's check) late: should its kernel fault the process after its guard
 # passed, what came before is on record
-ALL = ("environment", "peaks", "correctness", "attention", "training", "long", "longctx", "llama",
+ALL = ("environment", "peaks", "correctness", "attention", "loss", "training", "long", "longctx",
        "decode", "hopper", "sweep", "pytest")  # fmt: skip
 # Shares of the budget left (minutes of a call, roughly what each needs on an H100 from a cold
 # start); the sweep and pytest get whatever is left when they start.
-SHARE = {"environment": 0.1, "peaks": 0.2, "correctness": 2.0, "attention": 3.0, "training": 3.8,
-         "long": 0.5, "longctx": 1.5, "llama": 2.0, "decode": 0.6, "hopper": 5.5}  # fmt: skip
+# training: nine compiled trainer runs (sections.section_training)
+SHARE = {"environment": 0.1, "peaks": 0.2, "correctness": 2.0, "attention": 3.0, "loss": 1.5,
+         "training": 3.5, "long": 0.5, "longctx": 1.5, "decode": 0.6, "hopper": 5.5}  # fmt: skip
 PYTEST_ARGS = "-m gpu tests"
 
 
@@ -59,10 +61,7 @@ def section_deadline(record: Record, todo: list[str]) -> float:
 def plots(record: Record) -> None:
     if sections.missing_modules(sections.OPTIONAL):
         return
-    rows = record.state["sections"].get("attention", {}).get("rows", [])
-    dense = [r for r in rows if "mode" in r and not r.get("variant")]
-    for mode, name in (("fwd_bwd", "attention-fwd-bwd.png"), ("fwd", "attention-fwd.png")):
-        results.plot(dense, record.out / name, "tflops", "TFLOP/s", mode)
+    suite_plots.write(record.state, record.out)
 
 
 def run(args) -> int:
@@ -106,7 +105,7 @@ def run(args) -> int:
             status = sec.finish(failure)
             all_done &= status == "done"
             print(f"[{name}] {status} in {sec.data['seconds']} s", flush=True)
-            if name == "attention":
+            if name in ("attention", "training"):
                 plots(record)
     except KeyboardInterrupt:
         record.stop(record.stop_reason or "stopped by KeyboardInterrupt")

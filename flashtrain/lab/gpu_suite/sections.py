@@ -10,12 +10,15 @@ the first launch of each shape it will time, on a thread pool), then measures.
     attention    the targets: fwd and fwd+bwd at hd 128 and 64, causal and not, 4K and 16K, ours vs
                  SDPA's FLASH and CUDNN backends; block-sparse vs FlexAttention at one density
                  (the only FlexAttention compile of the suite)
-    training     GPT-2 small at 1K through the trainer, compiled, flash vs sdpa: tokens/s and MFU
+    loss         the LM head's loss forward + backward: fused, chunked, compiled, Liger at GPT-2's
+                 and Llama-3's vocabularies, 16K and 64K tokens (gpu_suite/loss_section.py)
+    training     GPT-2 small at 1K, Llama-125M (GQA, rotary) at 16K and 1K through the trainer,
+                 compiled, micro_batch_size=auto, 64K tokens a step; ours vs SDPA's FLASH and
+                 CUDNN backends: tokens/s, MFU, peak memory, the profiled step's split
     long         64K tokens fwd+bwd: time and peak memory
     longctx      one rank of a P = 8 context-parallel group: Llama-3-8B-shaped layers at 128K and
                  256K tokens per GPU, ring / ulysses / hybrid 2x4, offload + tiled vs recompute=all:
                  tokens/s and peak memory, communication not measured (bench/long_context.py)
-    llama        Llama ~125M (GQA, rotary) at 16K and 1K through the trainer, eager, flash vs sdpa
     decode       one decode step against a 4K-64K KV cache: flash_attn_with_kvcache (split-KV and one
                  split), flash_attn_func on the cache, SDPA (Llama-3-8B's heads, bf16)
     hopper       the warp-specialized Gluon backward (issue 43): a hang and fault guard in a child
@@ -55,12 +58,13 @@ from flashtrain.lab.bench import (
 from flashtrain.lab.bench.attention_rows import bench_method, random_qkv, skipped_rows
 from flashtrain.lab.checkout import TESTS
 from flashtrain.lab.gpu_suite.hopper import section_hopper
+from flashtrain.lab.gpu_suite.loss_section import section_loss
 from flashtrain.lab.gpu_suite.record import Section, SectionFailed
 from flashtrain.lab.gpu_suite.suite import Sizes, Suite
 
 # The Python modules each section needs beyond torch and triton (the GPU image lacks hydra):
 # a missing one is named at start and fails only the sections that need it.
-NEEDS = {"training": ("hydra", "omegaconf"), "llama": ("hydra", "omegaconf"), "pytest": ("pytest",)}
+NEEDS = {"training": ("hydra", "omegaconf"), "pytest": ("pytest",)}
 OPTIONAL = ("matplotlib",)  # the plots; without it the figures are in suite.json and summary.md
 WHEELS_HINT = "carry their wheels in .whl/ (docs/gpu_session.md)"
 PYTEST_JUNIT, PYTEST_LOG = "pytest-junit.xml", "pytest.log"
@@ -308,22 +312,40 @@ def flex_difference(flex_forward, ours_forward) -> float:
 # ---- training, long ----------------------------------------------------------------------------
 
 
-def _trainer_runs(suite: Suite, sec: Section, runs) -> None:
-    """runs: (name, model, seqlen, attention, compile) rows, each one trainer run measured."""
-    sec.plan([r[0] for r in runs])
+def training_runs(suite: Suite) -> list[tuple[str, str, int, str]]:
+    """(measurement, model, seqlen, attention) of every trainer run, in the Sizes' order of value,
+    each model and length with ours first, then SDPA's FlashAttention-2 and cuDNN backends."""
+    z = suite.sizes
+    mode = "compiled" if z.train_compile else "eager (dry run)"
+    return [(f"{model} S={seqlen} {attention} {mode}", model, seqlen, attention)
+            for model, seqlen in z.training for attention in training.ATTENTIONS]  # fmt: skip
+
+
+def section_training(suite: Suite, sec: Section) -> None:
+    """GPT-2 small at 1K, Llama-125M at 16K and at 1K through the trainer, compiled, each with
+    ours, SDPA-FA2 and SDPA-cuDNN attention: micro_batch_size=auto, 64K tokens a step, 11 steps
+    (2 warm, 5 timed, 1 + 3 profiled; training.Schedule). On an H200 about 3-4 minutes: 9 runs
+    of 15-30 s each (build 3 s, the blocks' compile 8-20 s, 11 steps of 0.15-0.6 s, the trace's
+    export and split 2-5 s); the first call's largest share. The dry run: the tiny GPT-2 and
+    Llama at one length each, eager, 5 steps of 1K tokens on CPU; a backend with no kernel on
+    the device (cuDNN on a CPU) is a note without a trainer (training.backend_missing)."""
+    z = suite.sizes
+    runs = training_runs(suite)
+    sec.plan([name for name, *_ in runs])
     missing = missing_modules(NEEDS["training"])
     if missing:
         raise SectionFailed(f"{', '.join(missing)} missing: {WHEELS_HINT}")
     from flashtrain.train.faults import Preempted
 
-    steps = suite.sizes.train_steps if sec.name == "training" else suite.sizes.llama_steps
-    for name, model, seqlen, attention, compile_ in runs:
+    schedule = training.Schedule(*z.train_schedule)
+    for name, model, seqlen, attention in runs:
 
-        def run(model=model, seqlen=seqlen, attention=attention, compile_=compile_):
+        def run(model=model, seqlen=seqlen, attention=attention):
             with tempfile.TemporaryDirectory(prefix="suite-train-") as run_dir:
                 try:
-                    return training.run_training(model, seqlen, attention, compile_, steps,
-                                                 Path(run_dir), suite.dry)  # fmt: skip
+                    return training.run_training(model, seqlen, attention, z.train_compile,
+                                                 schedule, z.train_tokens, Path(run_dir),
+                                                 suite.dry)  # fmt: skip
                 except Preempted:  # the trainer took the SIGTERM: stop the suite too
                     suite.record.stop("stopped by SIGTERM")
                     raise
@@ -332,20 +354,9 @@ def _trainer_runs(suite: Suite, sec: Section, runs) -> None:
 
         row = sec.measure(name, run)
         if row:
-            print(f"  {name}: {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu_percent']:.1f}%")
-
-
-def section_training(suite: Suite, sec: Section) -> None:
-    z = suite.sizes
-    mode = "compiled" if z.train_compile else "eager (dry run)"
-    _trainer_runs(suite, sec, [(f"gpt2 S={z.train_seqlen} {a} {mode}", "gpt2", z.train_seqlen, a,
-                                z.train_compile) for a in ("flash", "sdpa")])  # fmt: skip
-
-
-def section_llama(suite: Suite, sec: Section) -> None:
-    """Eager: a compile of each shape would cost more than this section's share of a call."""
-    _trainer_runs(suite, sec, [(f"llama-125m S={s} {a} eager", "llama-125m", s, a, False)
-                               for s in suite.sizes.llama_seqlens for a in ("flash", "sdpa")])  # fmt: skip
+            print(f"  {name}: " + (row.get("note") or f"micro {row['micro_batch_size']} x "
+                  f"{row['grad_accum']}, {row['tokens_per_s']:.0f} tokens/s, MFU "
+                  f"{row['mfu_percent'] or 0:.1f}%"), flush=True)  # fmt: skip
 
 
 def section_long(suite: Suite, sec: Section) -> None:
@@ -528,10 +539,10 @@ SECTIONS = {
     "peaks": section_peaks,
     "correctness": section_correctness,
     "attention": section_attention,
+    "loss": section_loss,
     "training": section_training,
     "long": section_long,
     "longctx": section_longctx,
-    "llama": section_llama,
     "decode": section_decode,
     "hopper": section_hopper,
     "sweep": section_sweep,

@@ -13,6 +13,12 @@ import torch
 
 from flashtrain.lab.gpu_suite.record import Record
 
+# The training section's runs (model, seqlen): GPT-2 small at 1K (the MFU target), Llama-125M at
+# 16K (ours vs SDPA's best) and at 1K; the dry run's tiny stand-ins, one length a model (every
+# code path, in the time the dry run took before Llama's second length joined)
+TRAINING = (("gpt2", 1024), ("llama-125m", 16384), ("llama-125m", 1024))
+DRY_TRAINING = (("gpt2", 64), ("llama-125m", 128))
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -25,11 +31,10 @@ class Sizes:
     matmul_n: int
     copy_mib: int
     long: tuple[int, int, int, int]  # 64K run: batch, seqlen, heads, head_dim
-    train_seqlen: int
-    train_steps: int
+    training: tuple[tuple[str, int], ...]  # (model, seqlen) trainer runs, in order of value
+    train_tokens: int  # the global batch of every trainer run, in tokens
+    train_schedule: tuple[int, int, int]  # steps: warm (compile), timed, profiled (Schedule)
     train_compile: bool
-    llama_seqlens: tuple[int, ...]  # the long context first
-    llama_steps: int
     decode: tuple[int, int, int, int]  # batch, query heads, KV heads, head_dim
     decode_lens: tuple[int, ...]  # KV cache tokens
     sweep_seqlen: int
@@ -41,11 +46,11 @@ class Sizes:
     def for_run(cls, dry: bool, rep: int) -> Sizes:
         if dry:  # toys on CPU: the code paths, no figure
             return cls(torch.float32, (32, 16), (64, 128), 256, 64, (256, 64, 1), 256, 8,
-                       (1, 256, 2, 16), 64, 6, False, (64,), 6, (1, 4, 2, 16), (64, 256), 64,
-                       2, longctx=(4, 32, (64, 128)))  # fmt: skip
+                       (1, 256, 2, 16), DRY_TRAINING, 1024, (1, 2, 1), False, (1, 4, 2, 16),
+                       (64, 256), 64, 2, longctx=(4, 32, (64, 128)))  # fmt: skip
         return cls(torch.bfloat16, (128, 64), (4096, 16384), 16384, 2048, (16384, 128, 8), 8192,
-                   1024, (1, 65536, 16, 128), 1024, 20, True, (16384, 1024), 12,
-                   (1, 32, 8, 128), (4096, 16384, 65536, 8192, 32768), 4096, rep)  # fmt: skip
+                   1024, (1, 65536, 16, 128), TRAINING, 65536, (2, 5, 3), True, (1, 32, 8, 128),
+                   (4096, 16384, 65536, 8192, 32768), 4096, rep)  # fmt: skip
 
 
 @dataclass

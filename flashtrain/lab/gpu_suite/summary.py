@@ -1,5 +1,6 @@
 """summary.md: the suite's figures as markdown tables, rebuilt from suite.json's state after
-every measurement (the targets are derived here, from the attention rows and the peaks)."""
+every measurement (the targets are derived here, from the attention rows and the peaks, the
+hopper section's rows and the training section's)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import itertools
 
 from flashtrain.lab.bench import results, ws_route
 from flashtrain.lab.bench.long_context_report import NOT_MEASURED, markdown_rows
-from flashtrain.lab.gpu_suite.targets import add_row_ratios, hopper_target_ratios, target_ratios
+from flashtrain.lab.gpu_suite.loss_section import loss_lines
+from flashtrain.lab.gpu_suite.targets import (
+    add_row_ratios,
+    hopper_target_ratios,
+    target_ratios,
+    training_targets,
+)
 
 DRY = ", DRY RUN (toy sizes on CPU, no figure is a measurement)"
 
@@ -34,6 +41,9 @@ def derive(state: dict) -> None:
         attention["targets"] = target_ratios(
             attention.get("rows", []), peak.get("matmul_peak_tflops"), dry
         )
+    training = state["sections"].get("training")
+    if training is not None and "rows" in training:
+        training["targets"] = training_targets(training["rows"], dry)
 
 
 def _header(state: dict) -> list[str]:
@@ -79,16 +89,63 @@ def _targets(sec: dict, title: str = "## Targets (issue 12)") -> list[str]:
     return lines
 
 
-def _training(sec: dict, title: str) -> list[str]:
-    lines = ["", f"## {title}", "",
-             "| model | seqlen | attention | compile | tokens/s | MFU % | peak GiB | step split (ms) |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in sec.get("rows", []):
-        split = ", ".join(f"{k} {v}" for k, v in r.get("step_split_ms", {}).items())
-        lines.append(f"| {r.get('model', 'gpt2')} | {r['seqlen']} | {r['attention']} | {r['compile']} | "
-                     f"{_fmt(r.get('tokens_per_s'), 0)} | {_fmt(r.get('mfu_percent'), 1)} | "
-                     f"{_fmt(r.get('peak_allocated_gib'))} | {split} |")  # fmt: skip
-    return lines
+# The split's buckets shown one to a column (step_split.py); communication, memcpy, data: "other"
+SPLIT_COLUMNS = ("matmul", "attention", "loss", "elementwise", "optimizer")
+ATTENTION_ORDER = ("flash", "sdpa-flash", "sdpa-cudnn")
+
+
+def _split_cells(split: dict | None) -> list[str]:
+    if not split:
+        return ["-"] * (len(SPLIT_COLUMNS) + 3)
+    ms = split["ms_per_step"]
+    other = sum(v for k, v in ms.items() if k not in (*SPLIT_COLUMNS, "idle"))
+    cells = [ms.get(k) for k in SPLIT_COLUMNS] + [other, ms.get("idle"), split.get("window_ms")]
+    return [_fmt(float(v), 1) if v is not None else "-" for v in cells]
+
+
+def _training_order(row: dict) -> tuple:
+    order = ATTENTION_ORDER.index(row["attention"]) if row["attention"] in ATTENTION_ORDER else 9
+    return row["model"], row["seqlen"], order
+
+
+def _training(sec: dict, dry: bool) -> list[str]:
+    """One row per trainer run: throughput, MFU, memory, and the profiled step's split."""
+    rows = sorted((r for r in sec.get("rows", []) if "model" in r), key=_training_order)
+    lines = ["", "## Training through the trainer (issue 44)" + (DRY if dry else ""), "",
+             "micro_batch_size=auto, one global batch in tokens; tokens/s, MFU and step ms are "
+             "medians of the steady steps (docs/benchmarks.md: MFU); the split is ms per "
+             "profiled step (flashtrain/lab/bench/step_split.py): other = communication + memcpy"
+             " + data, idle = no kernel running, window = first to last kernel.", "",
+             "| model | seqlen | attention | micro x accum | tokens/s | MFU % | peak GiB | matmul "
+             "| attention | loss | elementwise | optimizer | other | idle | window ms | step ms |",
+             "|---" * 16 + "|"]  # fmt: skip
+    for r in rows:
+        head = f"| {r['model']} | {r['seqlen']} | {r['attention']} | "
+        if "note" in r:
+            lines.append(head + f"{r['note']} |" + " |" * 12)
+            continue
+        # .get: a record an older suite began (same OUT, earlier call) lacks the newer fields
+        cells = [f"{r.get('micro_batch_size', '-')} x {r.get('grad_accum', '-')}",
+                 _fmt(r.get("tokens_per_s"), 0), _fmt(r.get("mfu_percent"), 1),
+                 _fmt(r.get("peak_allocated_gib"), 1), *_split_cells(r.get("split")),
+                 _fmt(r.get("step_ms"), 1)]  # fmt: skip
+        lines.append(head + " | ".join(cells) + " |")
+    lines += _training_notes(rows)
+    return lines + _targets(sec, "### Targets (issue 44, predictions)")
+
+
+def _training_notes(rows: list[dict]) -> list[str]:
+    """What the micro-batch sizing said per model and length, graph breaks, failed splits."""
+    notes = {}
+    for r in rows:
+        if r.get("micro_batch_choice"):
+            notes.setdefault((r["model"], r["seqlen"]), r["micro_batch_choice"])
+    lines = [f"- {model} S={seqlen}: {choice}" for (model, seqlen), choice in notes.items()]
+    lines += [f"- {r['model']} S={r['seqlen']} {r['attention']}: {r['graph_breaks']} graph "
+              "break(s) in the compiled blocks" for r in rows if r.get("graph_breaks")]  # fmt: skip
+    lines += [f"- {r['model']} S={r['seqlen']} {r['attention']}: no split: {r['split_error']}"
+              for r in rows if r.get("split_error")]  # fmt: skip
+    return [""] + lines if lines else []
 
 
 def _long(sec: dict) -> list[str]:
@@ -248,14 +305,14 @@ def summary_markdown(state: dict) -> str:
             env = state["runs"][-1] if state["runs"] else {}
             table = results.markdown_table(rows, env, "Attention").split("\n", 3)[-1]
             lines += ["", "## Attention (TFLOP/s)" + (DRY if env_dry else ""), table]
+    if "loss" in sections:
+        lines += loss_lines(sections["loss"])
     if "training" in sections:
-        lines += _training(sections["training"], "GPT-2 training")
+        lines += _training(sections["training"], env_dry)
     if "long" in sections:
         lines += _long(sections["long"])
     if "longctx" in sections:
         lines += _longctx(sections["longctx"])
-    if "llama" in sections:
-        lines += _training(sections["llama"], "Llama training")
     if "decode" in sections:
         lines += _decode(sections["decode"])
     if "hopper" in sections:
