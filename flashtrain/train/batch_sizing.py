@@ -81,24 +81,20 @@ def choose_micro_batch(
     fits `device`; 1 when none does (the choice says it may not fit)."""
     budget = device.free * (1 - MARGIN) / ESTIMATE_FACTOR
     candidates = [d for d in range(1, share + 1) if share % d == 0]
-    cache: dict[int, float] = {}
+    estimates: dict[int, float] = {}  # index -> bytes, each plan estimated once
 
     def estimate(i: int) -> float:
-        if candidates[i] not in cache:
-            cache[candidates[i]] = needs(candidates[i])
-        return cache[candidates[i]]
+        if i not in estimates:
+            estimates[i] = needs(candidates[i])
+        return estimates[i]
 
-    class Fits:  # bisect over the candidates' indices by "does not fit"
-        def __getitem__(self, i: int) -> bool:
-            return estimate(i) > budget
-
-        def __len__(self) -> int:
-            return len(candidates)
-
-    first_too_big = bisect.bisect_left(Fits(), True)
+    # the first candidate that does not fit (the estimates grow with the micro-batch)
+    first_too_big = bisect.bisect_left(
+        range(len(candidates)), True, key=lambda i: estimate(i) > budget
+    )
     chosen = max(first_too_big - 1, 0)
     refused = None
-    if first_too_big < len(candidates) and first_too_big > chosen:
+    if chosen < first_too_big < len(candidates):
         refused = (candidates[first_too_big], estimate(first_too_big))
     return AutoMicroBatch(candidates[chosen], share, estimate(chosen), refused, device)
 

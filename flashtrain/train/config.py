@@ -232,7 +232,7 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.micro_batch_size != "auto":
-            if isinstance(self.micro_batch_size, str) or isinstance(self.micro_batch_size, bool):
+            if isinstance(self.micro_batch_size, (str, bool)):
                 raise ValueError(
                     f"micro_batch_size={self.micro_batch_size!r}; allowed: auto or an integer >= 1"
                 )
@@ -393,7 +393,9 @@ def batch_plan(
     largest micro-batches up to it that divide the share evenly. The step's gradient is the
     token-weighted mean over the whole global batch however it is cut (trainer.py), so a preset
     runs unchanged on any number of ranks that divides its global batch (cpu/tiny's 8 sequences
-    on 2 ranks: micro 4 each, not 8)."""
+    on 2 ranks: micro 4 each, not 8). micro_batch_size (the argument): the bound to use in place
+    of the config's (batch_sizing.py's auto choice); the config's auto unsized is
+    AUTO_MICRO_BATCH_CPU."""
     check_context_parallel(context_parallel, world_size)
     data_parallel = world_size // context_parallel
     seq_len, mbs = cfg.seq_len, micro_batch_size or cfg.micro_batch_size

@@ -45,7 +45,8 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from flashtrain.lab.bench import measure, results
 from flashtrain.lab.bench.step_buckets import BUCKETS
 from flashtrain.lab.bench.step_split import profile_split
-from flashtrain.lab.checkout import CONFIGS, RESULTS
+from flashtrain.lab.bench.training import compose
+from flashtrain.lab.checkout import RESULTS
 
 STEP_RANGE = "flashtrain::step"  # the trainer's range around one optimizer step
 NAME_CHARS = 60  # a kernel's C++ template name, cut in the table (whole in the JSON)
@@ -64,17 +65,6 @@ def parse_args(argv=None):
     if args.steps < 1 or args.warmup < 0:
         p.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     return args
-
-
-def compose_config(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    from flashtrain.train import register_schemas
-
-    register_schemas()
-
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=overrides)
 
 
 def profile_steps(cfg, steps: int, warmup: int, run_dir: Path) -> dict:
@@ -149,7 +139,7 @@ def main(argv=None) -> None:
         "logger=none",
         "trainer.progress=none",
     ]
-    cfg = compose_config(overrides)
+    cfg = compose(overrides)
     with tempfile.TemporaryDirectory() as run_dir:
         result = profile_steps(cfg, args.steps, args.warmup, Path(run_dir))
     result.update(overrides=args.overrides, steps=args.steps, warmup=args.warmup)
