@@ -87,11 +87,11 @@ def flash_backward(dout, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seql
     sparse = bool(tables)
     # the warp-specialized Gluon backward where the config asks for it and covers the call
     # (kernels/hopper/route.py); elsewhere the Triton kernels, with the built-in tiles
-    warp_specialized = dkdv_cfg.warp_specialize and ws_backward_blocker(
+    warp_specialized = dkdv_cfg.gluon and ws_backward_blocker(
         dkdv_cfg, q4=q4, k4=k4, v4=v4, do4=do4, dk4=dk4, dv4=dv4, lse=lse, dropout_p=dropout_p,
         softcap=softcap, alibi_slopes=alibi_slopes, window_left=window_left,
         window_right=window_right, sparse=sparse, deterministic=deterministic) is None
-    if dkdv_cfg.warp_specialize and not warp_specialized:
+    if dkdv_cfg.gluon and not warp_specialized:
         dkdv_cfg = builtin_config("dkdv", shapes.head_dim, q.dtype, q.device, block_size)
     kv_tables, kv_table_strides = sparse_args(tables[:4] if sparse else None, lse)
     q_tables, q_table_strides = sparse_args(tables[4:] if sparse else None, lse)

@@ -24,12 +24,13 @@ from flashtrain.kernels.common import (
     tile_grid,
 )
 from flashtrain.kernels.dropout import dropout_keep, seed_args
+from flashtrain.kernels.hopper.route import ws_forward_blocker
 from flashtrain.kernels.launch_args import call_shapes, cleaned_values, score_args, sparse_args
 from flashtrain.kernels.program import head_rows, program_prologue, query_tile, tile_prologue
 from flashtrain.kernels.scores import pending_scale, tile_scores
 from flashtrain.kernels.scratch import provide_scratch_allocator
 from flashtrain.kernels.tma import use_descriptors
-from flashtrain.kernels.tuning import forward_config, launch_fitted, sm_count
+from flashtrain.kernels.tuning import builtin_config, forward_config, launch_fitted, sm_count
 from flashtrain.kernels.visit_plan import segment_tiles, tile_start
 
 
@@ -298,6 +299,20 @@ def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     cfg = forward_config(shapes.head_dim, q.dtype, q.device, block_size)
     sparse = bool(tables)
     heavy = heavy_first(window_left, window_right)
+    if cfg.gluon:  # the Gluon forward where it covers the call (kernels/hopper/route.py)
+        declined = ws_forward_blocker(
+            cfg, q4=q4, k4=k4, v4=v4, o4=o4, dropout_p=dropout_p, softcap=softcap,
+            alibi_slopes=alibi_slopes, window_left=window_left, window_right=window_right,
+            sparse=sparse)  # fmt: skip
+        if declined is None and visits is None:
+            from flashtrain.kernels.hopper.flash_fwd_ws import flash_forward_ws
+
+            flash_forward_ws(q4, k4, v4, o4, lse, cu_seqlens_q=cu_seqlens_q,
+                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                             max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                             window_right=window_right, shapes=shapes, stages=cfg.num_stages)  # fmt: skip
+            return
+        cfg = builtin_config("fwd", shapes.head_dim, q.dtype, q.device, block_size)
     table_tensors, table_stride_args = sparse_args(tables[:4] if sparse else None, lse)
 
     def launch(cfg):

@@ -21,11 +21,11 @@ The forward has two Hopper variants a config may ask for (issue 30; docs/kernel_
 "Variants"): `warp_specialize` (one visit-plan loop that Triton splits into a load partition and
 consumer warpgroups; dense launches with descriptor loads, else the plain loop runs; V is
 cleaned into a copy first, docs/attention_semantics.md) and `persistent` (one
-program per SM walking the tile queue heaviest first). The dK/dV kind has one (issue 43):
-`warp_specialize` there names the Gluon backward for Hopper (kernels/hopper/flash_bwd_ws.py),
-which computes dK, dV and dQ in one pass; kernels/hopper/route.py says which calls it covers,
-the others take the built-in config (`builtin_config`). The built-in rules use none of the
-variants until a GPU's sweep measures them.
+program per SM walking the tile queue heaviest first). `gluon` names the Gluon kernels for
+Hopper (kernels/hopper/): on fwd the warp-specialized, persistent forward (issue 46), on dkdv the
+backward that computes dK, dV and dQ in one pass (issue 43); kernels/hopper/route.py says which
+calls they cover, the others take the built-in config (`builtin_config`). The built-in rules use
+none of the variants until a GPU's sweep measures them.
 """
 
 import contextlib
@@ -52,12 +52,16 @@ class TileConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # tensor-descriptor loads/stores where possible (flashtrain.kernels.tma)
-    # Hopper variants (docs/kernel_compile.md "Variants"). fwd: one visit-plan loop that Triton
-    # splits into partitions; dkdv: the Gluon backward, FlashAttention-3's structure
-    # (kernels/hopper/flash_bwd_ws.py: a loader warp, two consumer warpgroups, a dQ writer),
-    # where the call is one it covers (kernels/hopper/route.py), else the built-in config
+    # Hopper variants of the Triton kernels (docs/kernel_compile.md "Variants"), fwd only: one
+    # visit-plan loop that Triton splits into partitions; one program per SM walking a tile
+    # queue, heaviest first
     warp_specialize: bool = False
-    persistent: bool = False  # fwd: one program per SM walking a tile queue, heaviest first
+    persistent: bool = False
+    # the Gluon kernel for Hopper in FlashAttention-3's structure, where the call is one it
+    # covers (kernels/hopper/route.py), else the built-in config: fwd, kernels/hopper/
+    # flash_fwd_ws.py (a loader warp, two consumer warpgroups in ping-pong, persistent); dkdv,
+    # kernels/hopper/flash_bwd_ws.py (a loader warp, two consumer warpgroups, a dQ writer)
+    gluon: bool = False
 
 
 def interpreted() -> bool:
@@ -139,6 +143,8 @@ def shared_bytes(kind: str, cfg: TileConfig, element_size: int) -> int:
     and up to ~20% short for dkdv with 32-row query tiles (layout-conversion scratch); what an
     estimate misses, `launch_fitted` catches."""
     d, e, stages = cfg.block_d, element_size, max(cfg.num_stages, 1)
+    if kind == "fwd" and cfg.gluon:
+        return ws_forward_shared_bytes(cfg, element_size)
     if kind == "fwd":
         # a persistent program keeps its pipeline buffers across work items, so the output
         # tile's descriptor store stages in a buffer of its own (Triton 3.6 and 3.9 alike)
@@ -148,13 +154,21 @@ def shared_bytes(kind: str, cfg: TileConfig, element_size: int) -> int:
             # buffers, 4 bytes a key (sm_90 cubins of Triton 3.6 and 3.9: docs/kernel_compile.md)
             staging += cfg.block_m * d * e + stages * cfg.block_n * 4
         return (cfg.block_m + 2 * stages * cfg.block_n) * d * e + staging
-    if kind == "dkdv" and cfg.warp_specialize:
+    if kind == "dkdv" and cfg.gluon:
         return ws_backward_shared_bytes(cfg, element_size)
     if kind == "dkdv":
         return (2 * cfg.block_n + 2 * stages * cfg.block_m) * d * e + cfg.block_m * d * 4 + 512
     if kind == "dq":
         return (2 * cfg.block_m + 2 * stages * cfg.block_n) * d * e
     raise ValueError(f"unknown kernel kind {kind!r}; allowed: {KINDS}")
+
+
+def ws_forward_shared_bytes(cfg: TileConfig, element_size: int) -> int:
+    """Shared memory of the Gluon forward (kernels/hopper/flash_fwd_ws.py): two (block_m, d) Q
+    buffers (each consumer's half doubles as its output's staging tile), a ring of num_stages
+    (K, V) slots, two float32 key-term vectors, the barriers, plus ~1 KiB of the compiler's own."""
+    d, m, n, stages = cfg.block_d, cfg.block_m, cfg.block_n, max(cfg.num_stages, 1)
+    return (2 * m + 2 * stages * n) * d * element_size + 2 * n * 4 + 1024
 
 
 def ws_backward_shared_bytes(cfg: TileConfig, element_size: int) -> int:

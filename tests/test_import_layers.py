@@ -69,8 +69,10 @@ ALLOWED = {
     "lab.prepare_data": LAB_BASE,
     "lab.make_pathfinder": LAB_BASE,
     "lab.kernel_compile": LAB_BASE,
-    # the PyTorch mirror of the Gluon backward's schedule (kernels/hopper), for the CPU tests
+    # the PyTorch mirrors of the Gluon kernels' schedules (kernels/hopper), for the CPU tests;
+    # the forward's reuses the backward's mbarrier model
     "lab.hopper_bwd_mirror": LAB_BASE,
+    "lab.hopper_fwd_mirror": LAB_BASE | {"lab.hopper_bwd_mirror"},
     # the launch contract: kernel_compile's stand-in driver, at the presets' and suite's shapes
     "lab.launch_contract": LAB_BASE | {"lab.kernel_compile", "lab.bench", "lab.gpu_suite"},
 }

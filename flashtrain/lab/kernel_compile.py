@@ -8,11 +8,11 @@ tensor cores the way the target wants. This tool launches the real launchers thr
 driver that names the target GPU, so each launch compiles (nothing runs), and prints one JSON
 line per kernel compiled:
 
-    python scripts/kernel_compile.py [--arch 90] [--launches defaults|features|decode|variants]
-                                     [--only TEXT] [--front-end-only] [--markdown FILE]
+    python scripts/kernel_compile.py [--arch 90] [--launches SET] [--only TEXT]
+                                     [--front-end-only] [--markdown FILE]
     python scripts/kernel_compile.py --contract all   (the launch contract: launch_contract.py)
 
---launches defaults (the default): the production launches, bf16 and fp16 x head_dim 64 and 128
+SET is defaults (the default): the production launches, bf16 and fp16 x head_dim 64 and 128
 x causal or not x dense or block-sparse x both backward modes (deterministic two-kernel dQ and
 atomic dQ), with the built-in tiles of kernels/tuning.py, then 4 grouped-query ones; features: every feature flag at least
 once (varlen, softcap, ALiBi, dropout, fp32, descriptors forced); decode: the split-KV decode
@@ -20,7 +20,8 @@ kernels of flash_attn_with_kvcache (split and combine; GQA, MQA, windows, ALiBi,
 cache_batch_idx, softcap, fp32, a one-split chunked prefill, a paged cache), a set of their own
 (their products compile to mma.sync: the tiles hold few query rows); variants: the forward's
 Hopper variants (warp-specialized, persistent, both) and dK/dV with 64-row query tiles; hopper:
-the warp-specialized Gluon backward (kernels/hopper). --only keeps the launches whose
+the warp-specialized Gluon backward (kernels/hopper); hopper-fwd: the Gluon forward (kernels/
+hopper/flash_fwd_ws.py). --only keeps the launches whose
 tag contains TEXT. --front-end-only stops after Triton's first IR (~0.5 s a kernel: the checks
 above); otherwise the whole pipeline runs to a cubin (LLVM and ptxas, seconds a kernel) and each
 line carries the launch's block_m / block_n and the compile facts:
@@ -63,7 +64,7 @@ from flashtrain.kernels.dropout_mask import dropout_keep_mask
 from flashtrain.kernels.flash_bwd import flash_backward
 from flashtrain.kernels.flash_decode import flash_decode
 from flashtrain.kernels.flash_fwd import flash_forward
-from flashtrain.kernels.hopper.route import ws_backward_config
+from flashtrain.kernels.hopper.route import FWD_STAGES, ws_backward_config, ws_forward_config
 from flashtrain.kernels.tuning import TileConfig
 
 FACT_COLUMNS = ("block_m", "block_n", "registers", "spill", "shared", "warps", "warp_specialized",
@@ -479,9 +480,40 @@ def hopper_launches(run_backward=None):
         dtype=torch.bfloat16)  # fmt: skip
 
 
+def _ws_forward(config: TileConfig, **launch):
+    """attention(**launch)'s forward (no backward) on the Gluon forward."""
+    with tuning.overridden("fwd", config):
+        attention(**launch, run_backward=lambda backward: None)
+
+
+def hopper_forward_launches():
+    """(tag, launch) of the Gluon forward (issue 46; kernels/hopper/flash_fwd_ws.py), forward
+    only: fp16 and bf16 x head_dim 64 and 128 x causal or not, then grouped-query (two query
+    heads per kv head) and packed sequences, and every other ring depth route.FWD_STAGES allows."""
+    default = ws_forward_config()
+    for dtype in (torch.bfloat16, torch.float16):
+        name = "bf16" if dtype == torch.bfloat16 else "fp16"
+        for head_dim in (64, 128):
+            for causal in (True, False):
+                tag = f"ws-fwd {name} d{head_dim} {'causal' if causal else 'full'}"
+                yield tag, functools.partial(_ws_forward, default, head_dim=head_dim,
+                                             dtype=dtype, causal=causal)  # fmt: skip
+    for head_dim in (64, 128):
+        yield f"ws-fwd bf16 d{head_dim} causal gqa", functools.partial(
+            _ws_forward, default, head_dim=head_dim, dtype=torch.bfloat16, gqa=True)  # fmt: skip
+        yield f"ws-fwd bf16 d{head_dim} causal varlen", functools.partial(
+            _ws_forward, default, head_dim=head_dim, dtype=torch.bfloat16, varlen=True)  # fmt: skip
+    for head_dim, depths in FWD_STAGES.items():
+        for stages in depths:
+            if stages != default.num_stages:
+                yield f"ws-fwd bf16 d{head_dim} causal {stages} stages", functools.partial(
+                    _ws_forward, ws_forward_config(stages), head_dim=head_dim,
+                    dtype=torch.bfloat16)  # fmt: skip
+
+
 LAUNCH_SETS = {"defaults": default_launches, "features": feature_launches,
-               "decode": decode_launches,
-               "variants": variant_launches, "hopper": hopper_launches}  # fmt: skip
+               "decode": decode_launches, "variants": variant_launches,
+               "hopper": hopper_launches, "hopper-fwd": hopper_forward_launches}  # fmt: skip
 
 
 def compile_launches(launch_set: str, arch: int, front_end_only: bool, only: str = ""):
@@ -527,6 +559,13 @@ SET_NOTES = {
     "accumulator (bulk: one TMA reduce-add a tile; atomic: per-element adds, Triton 3.6's "
     "Gluon has no bulk reduce); stages: the Q / dO ring's depth; main_loop: the shortest loop "
     "with tensor-core work, the consumers' (the only one with HGMMA).",
+    "hopper-fwd": ". The Gluon forward (kernels/hopper/flash_fwd_ws.py) with the fwd config "
+    "forced to it, forward only. partitions: default + workers, here the loader (the default "
+    "partition, 4 warps of which one issues) and the two consumer warpgroups; registers is the "
+    "count at launch, setmaxnreg what the warps move to (256: the default partition after the "
+    "region; the consumers' count; 120: a worker's idle count; the loader's, what the consumers "
+    "leave); stages: the K / V ring's depth; main_loop: the shortest loop with tensor-core work, "
+    "a consumer's (S = Q K^T and P V issued together).",
     "decode": ". These are the tiles a GPU gets (decode_config asks tuning.gpu_capability, which "
     "the stand-in answers; before issue 29 it got the 16 x 16 one-stage interpreter tile). The "
     "split kernel's decode products are mma.sync, not wgmma: a decode step's tile holds the query "

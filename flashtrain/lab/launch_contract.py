@@ -29,6 +29,8 @@ Launch sets (`run(sets)`; `scripts/kernel_compile.py --contract`):
               64-row query tiles (kernel_compile.variant_launches), launched from a fresh thread
     hopper    the warp-specialized Gluon backward (kernel_compile.hopper_launches), its
               backward in a fresh thread
+    hopper-fwd  the Gluon forward (kernel_compile.hopper_forward_launches), launched from a
+              fresh thread
     loss      the fused linear cross-entropy, forward here and backward in a fresh thread
     compiled  flash_attn_func inside torch.compile (aot_eager: the custom ops as opaque nodes),
               its backward through the real autograd engine from a fresh thread
@@ -354,6 +356,10 @@ LAUNCH_SETS = {
         for tag, launch in kernel_compile.variant_launches()
     ),  # fmt: skip
     "hopper": lambda: kernel_compile.hopper_launches(run_backward=in_fresh_thread),
+    "hopper-fwd": lambda: (
+        (tag, functools.partial(in_fresh_thread, launch))
+        for tag, launch in kernel_compile.hopper_forward_launches()
+    ),  # fmt: skip
     "loss": loss_launches,
     "compiled": compiled_launches,
     "models": model_launches,

@@ -76,3 +76,11 @@ def route(request, monkeypatch):
     if chosen is not None:
         monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", chosen)
     return chosen
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """The compile check's stand-in for the route tests: a Hopper GPU, the kernels compiled (not
+    interpreted); kernels/hopper/route.py then decides on the call alone."""
+    monkeypatch.setattr(tuning, "interpreted", lambda: False)
+    monkeypatch.setattr(tuning, "gpu_capability", lambda device: (9, 0))

@@ -9,13 +9,10 @@ on Triton 3.6). Then the launch contract (a real launch's rules) with the backwa
 a fresh thread, as autograd's device thread launches it."""
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from compile_testing import RESULTS, report_rows, run_kernel_compile
 
 from flashtrain.kernels import tuning
 from flashtrain.kernels.hopper import gluon_api
@@ -24,8 +21,6 @@ from flashtrain.lab.kernel_compile import hopper_launches
 
 pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
 
-REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "benchmarks" / "results"
 REPORTS = {"3.6": RESULTS / "kernel-compile-sm90-triton3.6-hopper.md",
            "3.9": RESULTS / "kernel-compile-sm90-triton3.9-hopper.md"}  # fmt: skip
 KERNEL = "flash_backward_ws_kernel"
@@ -40,16 +35,6 @@ LAUNCH = "ws-bwd bf16 d128 causal gqa"  # the live one: d128 and a group loop, t
 def triton_cache(tmp_path_factory):
     """One compile cache: the contract's launch hits the compile test's binaries."""
     return tmp_path_factory.mktemp("triton-cache")
-
-
-def _run(cache_dir, *args) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO),
-               TRITON_DEFAULT_FP_FUSION="1")  # fmt: skip
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_compile.py"), *args],
-                         env=env, cwd=cache_dir, capture_output=True, text=True, timeout=3000)  # fmt: skip
-    assert run.returncode in (0, 1), run.stderr[-4000:]
-    return run.stdout.splitlines()
 
 
 def _assert_goal(line: dict, bulk: bool) -> None:
@@ -67,7 +52,10 @@ def _assert_goal(line: dict, bulk: bool) -> None:
 
 def test_the_ws_backward_compiles_the_hopper_way(triton_cache):
     """One launch to a cubin (~15 s) under the installed Triton."""
-    lines = [json.loads(x) for x in _run(triton_cache, "--launches", "hopper", "--only", LAUNCH)]
+    lines = [
+        json.loads(x)
+        for x in run_kernel_compile(triton_cache, "--launches", "hopper", "--only", LAUNCH)
+    ]
     ws = [line for line in lines if line["kernel"] == KERNEL]
     assert len(ws) == 1 and ws[0]["block_m"] == 64 and ws[0]["stages"] == 2
     _assert_goal(ws[0], bulk=bool(gluon_api.TMA_REDUCE))
@@ -77,29 +65,12 @@ def test_the_ws_backward_keeps_the_launch_contract(triton_cache):
     """The same launch (cached) through the contract: the backward from a fresh thread finds
     the scratch allocator its descriptors need; grid, shared memory, registers x threads, and
     the alignment of everything its descriptors address (lse and delta as flat rows)."""
-    out = _run(triton_cache, "--contract", "hopper", "--only", LAUNCH)
+    out = run_kernel_compile(triton_cache, "--contract", "hopper", "--only", LAUNCH)
     assert not [line for line in out if line.startswith("VIOLATION")], out[-5:]
     launches = [json.loads(x) for x in out if x.startswith("{")]
     ws = [x for x in launches if x["kernel"] == KERNEL]
     assert len(ws) == 1 and ws[0]["thread"] == "backward" and ws[0]["scratch"] > 0
     assert ws[0]["registers"] * 32 * ws[0]["warps"] <= 65_536
-
-
-def report_rows(path: Path) -> list[dict]:
-    """The table of a kernel_compile --markdown report, one dict a row (numbers as ints)."""
-    lines = [x for x in path.read_text().splitlines() if x.startswith("|")]
-    head = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = []
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        row = dict(zip(head, cells))
-        for key, value in row.items():
-            if re.fullmatch(r"-?[\d,]+", value):
-                row[key] = int(value.replace(",", ""))
-            elif value in ("True", "False"):
-                row[key] = value == "True"
-        rows.append(row)
-    return rows
 
 
 @pytest.mark.parametrize("version", sorted(REPORTS))
@@ -133,10 +104,10 @@ def test_the_shared_memory_model_matches_the_cubins():
 @pytest.mark.slow
 def test_every_ws_backward_launch_compiles_the_hopper_way(tmp_path):
     """The whole hopper set (about 3 minutes) under the installed Triton, and its contract."""
-    lines = [json.loads(x) for x in _run(tmp_path, "--launches", "hopper")]
+    lines = [json.loads(x) for x in run_kernel_compile(tmp_path, "--launches", "hopper")]
     ws = [line for line in lines if line["kernel"] == KERNEL]
     assert {line["launch"] for line in ws} == {tag for tag, _ in hopper_launches()}
     for line in ws:
         _assert_goal(line, bulk=bool(gluon_api.TMA_REDUCE))
-    out = _run(tmp_path, "--contract", "hopper")
+    out = run_kernel_compile(tmp_path, "--contract", "hopper")
     assert not [line for line in out if line.startswith("VIOLATION")], out[-5:]

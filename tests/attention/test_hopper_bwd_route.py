@@ -18,7 +18,7 @@ from flashtrain.kernels.hopper.route import (
 
 pytestmark = pytest.mark.single_route  # kernel internals: run once, not once per CPU route
 
-WS = ws_backward_config()  # block_m 64, 128 keys, 8 warps, 2 stages, warp_specialize
+WS = ws_backward_config()  # block_m 64, 128 keys, 8 warps, 2 stages, gluon
 
 
 def _call(dtype=torch.bfloat16, head_dim=128, heads_q=4, heads_kv=2, **options):
@@ -31,13 +31,6 @@ def _call(dtype=torch.bfloat16, head_dim=128, heads_q=4, heads_kv=2, **options):
                 window_left=UNBOUNDED, window_right=0, sparse=False, deterministic=False)  # fmt: skip
     call.update(options)
     return call
-
-
-@pytest.fixture
-def hopper(monkeypatch):
-    """The compile check's stand-in: a Hopper GPU, the kernels compiled (not interpreted)."""
-    monkeypatch.setattr(tuning, "interpreted", lambda: False)
-    monkeypatch.setattr(tuning, "gpu_capability", lambda device: (9, 0))
 
 
 def test_a_covered_call_takes_the_gluon_backward(hopper):
@@ -98,7 +91,7 @@ def test_only_the_compiled_tiles_are_allowed():
             assert config_blocker(ws_backward_config(block_m, stages), head_dim) is None
     assert "(64, 3)" in config_blocker(ws_backward_config(64, 3), 128)  # 231,788 B, spills
     assert "block_n=128" in config_blocker(tuning.TileConfig(64, 64, 0, 8, 2,
-                                                             warp_specialize=True), 64)  # fmt: skip
+                                                             gluon=True), 64)  # fmt: skip
 
 
 def test_the_gluon_names_resolve_under_this_triton():

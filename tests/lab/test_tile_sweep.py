@@ -50,7 +50,7 @@ def test_the_gluon_backward_tiles_are_dkdv_variants_at_their_head_dims():
         head_dim: {
             (f["block_m"], f["num_stages"])
             for f in tile_sweep._at_head_dim(tile_sweep.VARIANTS["dkdv"], head_dim)
-            if f.get("warp_specialize")
+            if f.get("gluon")
         }
         for head_dim in (64, 128, 256)
     }
@@ -61,8 +61,28 @@ def test_the_gluon_backward_tiles_are_dkdv_variants_at_their_head_dims():
     }
     for fields in tile_sweep._at_head_dim(tile_sweep.VARIANTS["dkdv"], 128):
         config = TileConfig(block_d=128, **fields)  # every variant is a TileConfig's fields
-        if config.warp_specialize:
+        if config.gluon:
             assert hopper_route.config_blocker(config, 128) is None
+
+
+def test_the_gluon_forward_depths_are_fwd_variants_at_their_head_dims():
+    """Every ring depth of kernels/hopper/route.py FWD_STAGES is a fwd variant asking for the
+    Gluon forward, offered only at the head dims the route allows it, each a config the route
+    accepts there."""
+    offered = {
+        head_dim: [f for f in tile_sweep._at_head_dim(tile_sweep.VARIANTS["fwd"], head_dim)
+                   if f.get("gluon")]
+        for head_dim in (64, 128, 256)
+    }  # fmt: skip
+    assert {d: {f["num_stages"] for f in fields} for d, fields in offered.items()} == {
+        64: set(hopper_route.FWD_STAGES[64]),
+        128: set(hopper_route.FWD_STAGES[128]),
+        256: set(),
+    }
+    for head_dim in (64, 128):
+        for fields in offered[head_dim]:
+            config = TileConfig(block_d=head_dim, **fields)
+            assert hopper_route.forward_config_blocker(config, head_dim) is None
 
 
 def test_a_gluon_config_the_route_declines_is_neither_timed_nor_chosen(monkeypatch):
@@ -76,14 +96,14 @@ def test_a_gluon_config_the_route_declines_is_neither_timed_nor_chosen(monkeypat
     monkeypatch.setattr(tuning, "KINDS", ("dkdv",))
     rows = []
     gluon = dict(block_m=64, block_n=128, num_warps=8, num_stages=2, tma=True,
-                 warp_specialize=True, head_dims=(64,))  # fmt: skip
+                 gluon=True, head_dims=(64,))  # fmt: skip
     winners = tile_sweep.sweep(
         head_dims=(64,), dtype=torch.float32, seqlen=20, tokens=20, rep=1, device="cpu",
         hooks=tile_sweep.Hooks(row=rows.append), candidates={"dkdv": []},
         variants={"dkdv": [gluon]},
     )  # fmt: skip
     assert winners == {} and len(rows) == 1
-    assert rows[0]["ms"] is None and rows[0]["config"]["warp_specialize"]
+    assert rows[0]["ms"] is None and rows[0]["config"]["gluon"]
     assert rows[0]["note"] == (
         "not timed: the route declines it (Gluon kernels do not run on the Triton interpreter)"
     )

@@ -1,16 +1,19 @@
-"""Correctness of the warp-specialized Gluon backward (kernels/hopper/flash_bwd_ws.py) for the
-GPU suite's hopper section: output and every gradient of flash_attn_func and
-flash_attn_varlen_func under the config that asks for it, vs float32 math with the rule of
-bench/correctness.py; a masked non-finite case; and the small cases the guard child launches
-first. Every row says which backward ran (ws_route): on a GPU a row the route did not give to the
-Gluon kernel fails, so a silent fallback to the Triton kernels cannot pass as a check of it.
+"""Correctness of the Gluon kernels for Hopper (the backward, kernels/hopper/flash_bwd_ws.py,
+issue 43; the forward, flash_fwd_ws.py, issue 46) for the GPU suite's hopper section: output and
+every gradient of flash_attn_func and flash_attn_varlen_func under the configs that ask for them
+(the backward alone, the forward alone with the built-in backward, both), vs float32 math with
+the rule of bench/correctness.py; a masked non-finite case for each; and the small cases the
+guard child launches first. Every row says which forward and which backward ran (ws_route): on
+a GPU a row the route did not give to the Gluon kernels it checks fails, so a silent fallback to
+the Triton kernels cannot pass as a check of them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from flashtrain.kernels import tuning
 from flashtrain.kernels.hopper import route
 from flashtrain.kernels.tuning import TileConfig
 from flashtrain.lab.bench import correctness, ws_route
@@ -19,6 +22,26 @@ from flashtrain.lab.bench.correctness import Case
 LENGTHS = (4096, 16384)
 GROUP = 4  # query heads per kv head in the grouped-query cases
 NONFINITE_TOL = 1e-2  # relative: the atomic dQ adds in another order from run to run
+BACKWARD, FORWARD, BOTH = ("dkdv",), ("fwd",), ("fwd", "dkdv")  # the Gluon kernels of a check
+TAGS = {BACKWARD: "", FORWARD: " (Gluon fwd)", BOTH: " (Gluon fwd+bwd)"}  # in its case's name
+
+
+@dataclass(frozen=True)
+class Check:
+    """A case of the section's correctness: the Gluon kernels in force for it (kinds: fwd, dkdv;
+    the others run the configs in force, by default the built-in ones) and, for a masked
+    non-finite case, the tensors that get NaN keys (k, v)."""
+
+    case: Case
+    kinds: tuple[str, ...] = BACKWARD
+    nan_in: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.case.name
+
+    def overrides(self) -> dict[str, TileConfig]:
+        return ws_route.variant_configs(*self.kinds)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -33,39 +56,97 @@ def _size(seqlen: int, dry: bool, group: int = 1) -> dict:
     return {"batch": 2, "seqlen": seqlen, "heads": 2 * group if group > 1 else 4}
 
 
-def cases(dry: bool) -> list[Case]:
-    """bf16 (float32 in the CPU dry run) hd 128 and 64, causal and full, at 4K and 16K; GQA
-    (GROUP query heads a kv head) and varlen (packed documents of odd lengths) at hd 128 and 64
-    at 4K and hd 128 at 16K; one fp16 case."""
+def _grid(dry: bool):
+    """(dtype, dtype name, (large, small) head dims, (short, long) lengths) of the checks."""
     dt = torch.float32 if dry else torch.bfloat16
-    large, small = (32, 16) if dry else (128, 64)
-    lengths = (48,) if dry else LENGTHS
-    name = _dtype_name(dt)
-    out = [
-        Case(f"{name} hd{d} {'causal' if c else 'full'} S={s}", dt, d, c, **_size(s, dry))
-        for s in lengths
-        for d in (large, small)
-        for c in (False, True)
-    ]
+    return dt, _dtype_name(dt), (32, 16) if dry else (128, 64), (48,) if dry else LENGTHS
+
+
+def _dense(name, dt, d, causal, s, dry, tag="") -> Case:
+    return Case(f"{name} hd{d} {'causal' if causal else 'full'} S={s}{tag}", dt, d, causal,
+                **_size(s, dry))  # fmt: skip
+
+
+def _gqa(name, dt, d, s, dry, tag="") -> Case:
+    return Case(f"{name} hd{d} causal gqa S={s}{tag}", dt, d, True, "gqa", group=GROUP,
+                **_size(s, dry, GROUP))  # fmt: skip
+
+
+def _varlen(name, dt, d, s, dry, tag="") -> Case:
+    return Case(f"{name} hd{d} causal varlen S={s}{tag}", dt, d, True, "varlen", **_size(s, dry))
+
+
+def _fp16(d, s, dry, tag="") -> Case:
+    return Case(f"float16 hd{d} causal S={s}{tag}", torch.float16, d, True, **_size(s, dry))
+
+
+def cases(dry: bool) -> list[Case]:
+    """The Gluon backward's: bf16 (float32 in the CPU dry run) hd 128 and 64, causal and full, at
+    4K and 16K; GQA (GROUP query heads a kv head) and varlen (packed documents of odd lengths)
+    at hd 128 and 64 at 4K and hd 128 at 16K; one fp16 case."""
+    dt, name, (large, small), lengths = _grid(dry)
+    out = [_dense(name, dt, d, c, s, dry) for s in lengths for d in (large, small)
+           for c in (False, True)]  # fmt: skip
     grouped = list(dict.fromkeys([(lengths[0], large), (lengths[0], small), (lengths[-1], large)]))
-    for s, d in grouped:
-        out.append(Case(f"{name} hd{d} causal gqa S={s}", dt, d, True, "gqa", group=GROUP,
-                        **_size(s, dry, GROUP)))  # fmt: skip
-    for s, d in grouped:
-        out.append(Case(f"{name} hd{d} causal varlen S={s}", dt, d, True, "varlen",
-                        **_size(s, dry)))  # fmt: skip
-    fp16 = torch.float16
-    out.append(Case(f"float16 hd{large} causal S={lengths[0]}", fp16, large, True,
-                    **_size(lengths[0], dry)))  # fmt: skip
-    return out
+    out += [_gqa(name, dt, d, s, dry) for s, d in grouped]
+    out += [_varlen(name, dt, d, s, dry) for s, d in grouped]
+    return out + [_fp16(large, lengths[0], dry)]
 
 
-def guard_cases(dry: bool) -> list[Case]:
+def _unique(found: list[Case]) -> list[Case]:
+    """The cases by name, once (the dry run's one length makes some of them the same case)."""
+    return list({case.name: case for case in found}.values())
+
+
+def forward_cases(dry: bool) -> list[Case]:
+    """The Gluon forward's, with the built-in backward (its gradients use the forward's lse):
+    hd 128 and 64, causal and full, at 4K; GQA, varlen and fp16 at hd 128 at 4K; one 16K case a
+    head dim (hd 128 full, hd 64 causal: each mask at the long length)."""
+    dt, name, (large, small), lengths = _grid(dry)
+    short, long = lengths[0], lengths[-1]
+    tag = TAGS[FORWARD]
+    out = [_dense(name, dt, d, c, short, dry, tag) for d in (large, small) for c in (False, True)]
+    out += [_gqa(name, dt, large, short, dry, tag), _varlen(name, dt, large, short, dry, tag),
+            _fp16(large, short, dry, tag), _dense(name, dt, large, False, long, dry, tag),
+            _dense(name, dt, small, True, long, dry, tag)]  # fmt: skip
+    return _unique(out)
+
+
+def pair_cases(dry: bool) -> list[Case]:
+    """Both Gluon kernels in one call (the backward reads the Gluon forward's out and lse), at
+    4K: hd 128 causal, hd 64 full, GQA at hd 64, varlen at hd 128."""
+    dt, name, (large, small), lengths = _grid(dry)
+    s, tag = lengths[0], TAGS[BOTH]
+    return [_dense(name, dt, large, True, s, dry, tag), _dense(name, dt, small, False, s, dry, tag),
+            _gqa(name, dt, small, s, dry, tag), _varlen(name, dt, large, s, dry, tag)]  # fmt: skip
+
+
+def nonfinite_case(dry: bool, kinds: tuple[str, ...] = BACKWARD) -> Case:
+    """Small, causal, a length no tile divides (a tail tile)."""
+    dt = torch.float32 if dry else torch.bfloat16
+    d, seqlen = (32, 48) if dry else (128, 1000)
+    name = f"{_dtype_name(dt)} hd{d} causal S={seqlen} NaN keys past the diagonal{TAGS[kinds]}"
+    return Case(name, dt, d, True, batch=1, seqlen=seqlen, heads=2)
+
+
+def checks(dry: bool) -> list[Check]:
+    """Every check of the section, in order: the Gluon backward's (with a NaN-key case: NaN in K
+    and V), the Gluon forward's (NaN in V alone: the keys P V must skip), both kernels'."""
+    return [
+        *[Check(case) for case in cases(dry)],
+        Check(nonfinite_case(dry), BACKWARD, ("k", "v")),
+        *[Check(case, FORWARD) for case in forward_cases(dry)],
+        Check(nonfinite_case(dry, FORWARD), FORWARD, ("v",)),
+        *[Check(case, BOTH) for case in pair_cases(dry)],
+    ]
+
+
+def guard_cases(dry: bool, tag: str = "") -> list[Case]:
     """What the guard child launches first, small: per head_dim (64, then 128) causal, full, GQA
     (2 kv heads of GROUP), varlen and a length no tile divides (1000: tail tiles, the NaN case's
     shape), bf16; then fp16: every kernel form (constexprs) the section launches later. 1024
     tokens: a multiple of 16, as the measured lengths are (Triton specializes on it). The dry
-    run: float32 at toy sizes."""
+    run: float32 at toy sizes. tag: appended to each name (TAGS)."""
     dt = torch.float32 if dry else torch.bfloat16
     dims, seqlen, tail = ((16, 32), 48, 41) if dry else ((64, 128), 1024, 1000)
     name = _dtype_name(dt)
@@ -73,72 +154,100 @@ def guard_cases(dry: bool) -> list[Case]:
     out = []
     for d in dims:
         out += [
-            Case(f"{name} hd{d} causal S={seqlen}", dt, d, True, **small),
-            Case(f"{name} hd{d} full S={seqlen}", dt, d, False, **small),
-            Case(f"{name} hd{d} causal gqa S={seqlen}", dt, d, True, "gqa", group=GROUP,
+            Case(f"{name} hd{d} causal S={seqlen}{tag}", dt, d, True, **small),
+            Case(f"{name} hd{d} full S={seqlen}{tag}", dt, d, False, **small),
+            Case(f"{name} hd{d} causal gqa S={seqlen}{tag}", dt, d, True, "gqa", group=GROUP,
                  **dict(small, heads=2 * GROUP)),
-            Case(f"{name} hd{d} causal varlen S={seqlen}", dt, d, True, "varlen",
+            Case(f"{name} hd{d} causal varlen S={seqlen}{tag}", dt, d, True, "varlen",
                  **dict(small, batch=2)),
-            Case(f"{name} hd{d} causal S={tail}", dt, d, True, **dict(small, seqlen=tail)),
+            Case(f"{name} hd{d} causal S={tail}{tag}", dt, d, True, **dict(small, seqlen=tail)),
         ]  # fmt: skip
-    return out + [Case(f"float16 hd{dims[-1]} causal S={seqlen}", torch.float16, dims[-1], True,
-                       **small)]  # fmt: skip
+    return out + [Case(f"float16 hd{dims[-1]} causal S={seqlen}{tag}", torch.float16, dims[-1],
+                       True, **small)]  # fmt: skip
 
 
-def guard_plan(dry: bool) -> list[tuple[Case, TileConfig]]:
-    """What the guard child launches, each case with its dK/dV config: guard_cases under the
-    section's (ws_route.variant_config), then the sweep's other Gluon tiles (route.TILES: more
-    ring stages, 128-row query tiles) causal at their head dims, which a later sweep call
-    launches without a guard of its own. The dry run's toy head dims stand in for 64 and 128."""
-    default = ws_route.variant_config()
-    plan = [(case, default) for case in guard_cases(dry)]
-    first = plan[0][0]
+def _tile_case(first: Case, d: int, tile: str, tag: str) -> Case:
+    name = f"{_dtype_name(first.dtype)} hd{d} causal S={first.seqlen} {tile}{tag}"
+    return Case(name, first.dtype, d, True, batch=1, seqlen=first.seqlen, heads=2)
+
+
+def guard_plan(dry: bool) -> list[tuple[Case, dict[str, TileConfig]]]:
+    """What the guard child launches, each case with the configs in force for it (kind ->
+    TileConfig): the Gluon forward's first (guard_cases under its section config, then its other
+    ring depths, route.FWD_STAGES, causal at their head dims), then the Gluon backward's
+    (guard_cases under ws_route.variant_config, then the sweep's other Gluon tiles, route.TILES:
+    more ring stages, 128-row query tiles), which later calls launch without a guard of their
+    own. The dry run's toy head dims stand in for 64 and 128."""
     stand_in = {64: 16, 128: 32} if dry else {64: 64, 128: 128}
+    forward = ws_route.forward_variant_config()
+    plan = [(case, {"fwd": forward}) for case in guard_cases(dry, TAGS[FORWARD])]
+    first = plan[0][0]
+    for head_dim, depths in route.FWD_STAGES.items():
+        for stages in depths:
+            if stages != forward.num_stages:
+                case = _tile_case(first, stand_in[head_dim], f"{stages} stages", TAGS[FORWARD])
+                plan.append((case, {"fwd": ws_route.forward_variant_config(stages)}))
+    default = ws_route.variant_config()
+    backward = [(case, {"dkdv": default}) for case in guard_cases(dry)]
     for head_dim, tiles in route.TILES.items():
         for block_m, stages in tiles:
-            if (block_m, stages) == (default.block_m, default.num_stages):
-                continue
-            d, tile = stand_in[head_dim], f"{block_m}-row tiles, {stages} stages"
-            name = f"{_dtype_name(first.dtype)} hd{d} causal S={first.seqlen} {tile}"
-            case = Case(name, first.dtype, d, True, batch=1, seqlen=first.seqlen, heads=2)
-            plan.append((case, route.ws_backward_config(block_m=block_m, stages=stages)))
-    return plan
+            if (block_m, stages) != (default.block_m, default.num_stages):
+                tile = f"{block_m}-row tiles, {stages} stages"
+                case = _tile_case(first, stand_in[head_dim], tile, "")
+                backward.append((case, {"dkdv": route.ws_backward_config(block_m, stages)}))
+    return plan + backward
 
 
-def nonfinite_case(dry: bool) -> Case:
-    """Small, causal, a length no tile divides (a tail tile)."""
-    dt = torch.float32 if dry else torch.bfloat16
-    d, seqlen = (32, 48) if dry else (128, 1000)
-    name = f"{_dtype_name(dt)} hd{d} causal S={seqlen} NaN keys past the diagonal"
-    return Case(name, dt, d, True, batch=1, seqlen=seqlen, heads=2)
-
-
-def case_route(case: Case, device) -> tuple[str, str | None]:
-    """The backward the case's call takes under the config in force (ws_route.backward_route)."""
+def case_routes(case: Case, device) -> dict[str, tuple[str, str | None]]:
+    """The forward and backward the case's call takes under the configs in force
+    (ws_route.routes: kind -> (kernel, why not Gluon))."""
     _, q, k, v = correctness.case_inputs(case, device)
     if case.kind == "varlen":  # the op gets the batch packed: (total, H, D)
         flat = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v)]
-        return ws_route.backward_route(*flat, causal=case.causal, packed=True)
-    return ws_route.backward_route(q, k, v, causal=case.causal)
+        return ws_route.routes(*flat, causal=case.causal, packed=True)
+    return ws_route.routes(q, k, v, causal=case.causal)
 
 
-def _with_route(row: dict, kernel, reason, seen, wrong: list[str], require_gluon) -> dict:
-    """row with which backward ran and, unless it passed, why not ("wrong: ..." for numbers)."""
+def declined(row: dict) -> str | None:
+    """The first Gluon kernel of a row (check, guard_result) the route did not take, labelled
+    ("forward: triton (route: ...)"), or None."""
+    for kind in row["gluon"]:
+        what = ws_route.KERNELS[kind][0]
+        kernel, reason = row[f"{what}_kernel"], row[f"{what}_route"]
+        if kernel != ws_route.GLUON:
+            return f"{what}: {ws_route.label(kernel, reason)}"
+    return None
+
+
+def _with_route(row: dict, routes: dict, kinds, seen, wrong: list[str], require_gluon) -> dict:
+    """row with which kernels ran (ws_route.route_fields, kernels_seen: the attention kernels a
+    GPU trace shows) and, unless it passed, why not ("wrong: ..." for numbers)."""
     failures = [f"wrong: {'; '.join(wrong)}"] if wrong else []
-    failures += ws_route.route_failures(kernel, reason, seen, require_gluon=require_gluon)
-    return dict(row, kernel=kernel, route=reason, kernels_seen=seen,
+    for kind in kinds:
+        failures += ws_route.route_failures(*routes[kind], seen, require_gluon=require_gluon,
+                                            kind=kind)  # fmt: skip
+    return dict(row, **ws_route.route_fields(routes, kinds), kernels_seen=seen,
                 failure="; ".join(failures) or None, passed=not failures)  # fmt: skip
 
 
-def check(case: Case, device, *, require_gluon: bool) -> dict:
-    """correctness.check_case's row under the Gluon config, with kernel ("gluon", "triton" or
-    "torch"), route (why not Gluon), kernels_seen (the backward kernels a GPU trace shows) and
-    failure (a gradient past the tolerance or, where require_gluon, another backward)."""
-    with tuning.overridden("dkdv", ws_route.variant_config()):
-        kernel, reason = case_route(case, device)
+def check(case: Case, device, *, require_gluon: bool, kinds: tuple[str, ...] = BACKWARD) -> dict:
+    """correctness.check_case's row under the Gluon configs of `kinds` (fwd, dkdv), with which
+    kernels ran (kernel and route: "gluon", "triton" or "torch", and why not Gluon; per kind as
+    well: ws_route.route_fields), kernels_seen (the attention kernels a GPU trace shows) and
+    failure (a result past the tolerance or, where require_gluon, another kernel)."""
+    with ws_route.overridden(ws_route.variant_configs(*kinds)):
+        routes = case_routes(case, device)
         row, seen = ws_route.launched_kernels(lambda: correctness.check_case(case, device), device)
-    return _with_route(row, kernel, reason, seen, correctness.tolerance_failures(row),
+    return _with_route(row, routes, kinds, seen, correctness.tolerance_failures(row),
                        require_gluon)  # fmt: skip
+
+
+def run(check_: Check, device, *, require_gluon: bool) -> dict:
+    """The row of one Check (check or check_masked_nonfinite)."""
+    if check_.nan_in:
+        return check_masked_nonfinite(check_.case, device, require_gluon=require_gluon,
+                                      kinds=check_.kinds, nan_in=check_.nan_in)  # fmt: skip
+    return check(check_.case, device, require_gluon=require_gluon, kinds=check_.kinds)
 
 
 def _out_and_dq(q, k, v, dout):
@@ -154,28 +263,33 @@ def _relative_diff(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max()) / scale
 
 
-def check_masked_nonfinite(case: Case, device, *, require_gluon: bool) -> dict:
-    """NaN in K and V at every key from `first` = seqlen // 2 + 1 on: the causal rows before
-    `first` cannot see them, so their out and dq must be finite and equal (within NONFINITE_TOL:
-    the atomic dQ's order of adds) to those of the same call on finite K and V
-    (docs/attention_semantics.md "Masked entries never contribute"); every later row sees one
-    and must not be finite (the planted NaN reached the kernel)."""
+def check_masked_nonfinite(case: Case, device, *, require_gluon: bool,
+                           kinds: tuple[str, ...] = BACKWARD,
+                           nan_in: tuple[str, ...] = ("k", "v")) -> dict:  # fmt: skip
+    """NaN in `nan_in` (K and V; V alone for the forward, whose P V product meets them with
+    P = 0) at every key from `first` = seqlen // 2 + 1 on, under the Gluon configs of `kinds`:
+    the causal rows before `first` cannot see them, so their out and dq must be finite and equal
+    (within NONFINITE_TOL: the atomic dQ's order of adds) to those of the same call on finite
+    inputs (docs/attention_semantics.md "Masked entries never contribute"); every later row sees
+    one and must not be finite (the planted NaN reached the kernel)."""
     first = case.seqlen // 2 + 1  # inside a key tile: its diagonal tile is partly masked
     gen, q, k, v = correctness.case_inputs(case, device)
     dout = torch.randn(q.shape, generator=gen, device=q.device, dtype=q.dtype)
-    k_nan, v_nan = (t.detach().clone() for t in (k, v))
-    k_nan[:, first:], v_nan[:, first:] = float("nan"), float("nan")
-    k_nan.requires_grad_(), v_nan.requires_grad_()
-    with tuning.overridden("dkdv", ws_route.variant_config()):
-        kernel, reason = ws_route.backward_route(q, k, v, causal=True)
+    planted = {"k": k, "v": v}
+    for name in nan_in:
+        planted[name] = planted[name].detach().clone()
+        planted[name][:, first:] = float("nan")
+        planted[name].requires_grad_()
+    with ws_route.overridden(ws_route.variant_configs(*kinds)):
+        routes = ws_route.routes(q, k, v, causal=True)
         clean_out, clean_dq = _out_and_dq(q, k, v, dout)
         (out, dq), seen = ws_route.launched_kernels(
-            lambda: _out_and_dq(q, k_nan, v_nan, dout), device
+            lambda: _out_and_dq(q, planted["k"], planted["v"], dout), device
         )
     blind = slice(0, first)  # (B, S, H, D): the rows that cannot see a NaN key
     row = {
         "case": case.name, "kind": "nonfinite", "dtype": str(case.dtype),
-        "head_dim": case.head_dim, "causal": True, "first_nan_key": first,
+        "head_dim": case.head_dim, "causal": True, "first_nan_key": first, "nan_in": list(nan_in),
         "finite": bool(torch.isfinite(out[:, blind]).all() and torch.isfinite(dq[:, blind]).all()),
         "out_diff": _relative_diff(out[:, blind], clean_out[:, blind]),
         "dq_diff": _relative_diff(dq[:, blind], clean_dq[:, blind]),
@@ -186,7 +300,7 @@ def check_masked_nonfinite(case: Case, device, *, require_gluon: bool) -> dict:
                  for name in ("out_diff", "dq_diff") if not row[name] <= NONFINITE_TOL]  # fmt: skip
     if not row["nan_reached"]:
         failures.append("a row that sees a NaN key has a finite output")
-    return _with_route(row, kernel, reason, seen, failures, require_gluon)
+    return _with_route(row, routes, kinds, seen, failures, require_gluon)
 
 
 def builtin_results(case: Case, device) -> list[torch.Tensor]:
@@ -194,16 +308,18 @@ def builtin_results(case: Case, device) -> list[torch.Tensor]:
     return correctness.run_ours(case, *correctness.case_inputs(case, device))[0]
 
 
-def guard_result(case: Case, config: TileConfig, device, builtin: list[torch.Tensor]) -> dict:
-    """One guard launch: the case's forward and backward under `config` (traced on a GPU), and
-    its largest difference from `builtin` (builtin_results), relative to each result's largest
-    magnitude (information: correctness is checked at full size later)."""
-    with tuning.overridden("dkdv", config):
-        kernel, reason = case_route(case, device)
+def guard_result(case: Case, overrides: dict[str, TileConfig], device,
+                 builtin: list[torch.Tensor]) -> dict:  # fmt: skip
+    """One guard launch: the case's forward and backward under `overrides` (kind -> TileConfig;
+    traced on a GPU), which kernels ran, and its largest difference from `builtin`
+    (builtin_results), relative to each result's largest magnitude (information: correctness is
+    checked at full size later)."""
+    with ws_route.overridden(overrides):
+        routes = case_routes(case, device)
         (ours, *_), seen = ws_route.launched_kernels(
             lambda: correctness.run_ours(case, *correctness.case_inputs(case, device)), device
         )
     diffs = [_relative_diff(a, b) for a, b in zip(ours, builtin)]
     diff = float("nan") if any(d != d for d in diffs) else max(diffs)  # NaN sticks
-    return {"case": case.name, "kernel": kernel, "route": reason, "kernels_seen": seen,
-            "max_diff_vs_builtin": diff}  # fmt: skip
+    return {"case": case.name, **ws_route.route_fields(routes, ws_route.gluon_kinds(overrides)),
+            "kernels_seen": seen, "max_diff_vs_builtin": diff}  # fmt: skip

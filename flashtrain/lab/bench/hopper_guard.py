@@ -1,22 +1,23 @@
-"""The hang and fault guard of the GPU suite's hopper section: the first launches of the
-warp-specialized Gluon backward (hopper_checks.guard_plan, small shapes) in a child process
-with a timeout. A kernel that deadlocks (an mbarrier phase bug) cannot be interrupted from
-Python, and a CUDA fault kills the process's context: in a child, either costs only the child,
-and the suite goes on with an outcome that says what happened.
+"""The hang and fault guard of the GPU suite's hopper section: the first launches of the Gluon
+kernels for Hopper, the forward's then the backward's (hopper_checks.guard_plan, small shapes),
+in a child process with a timeout. A kernel that deadlocks (an mbarrier phase bug) cannot be
+interrupted from Python, and a CUDA fault kills the process's context: in a child, either costs
+only the child, and the suite goes on with an outcome that says what happened.
 
     python -m flashtrain.lab.bench.hopper_guard [--dry-run]     (the child; run_guard starts it)
 
 The child first runs every case with the built-in kernels, side by side on a thread pool (the
-forward's compiles, and the results the Gluon kernel's are compared with), then each case under
-the Gluon config in turn. It prints one protocol line per event on stdout, `GUARD {json}`: the
+forward's compiles, and the results the Gluon kernels' are compared with), then each case under
+its Gluon config in turn. It prints one protocol line per event on stdout, `GUARD {json}`: the
 case names, then {"start": name} before a case's Gluon launch and its hopper_checks.guard_result
 row after it. Outcomes:
-    passed    every case ran (on the GPU: every one on the Gluon kernel)
+    passed    every case ran (on the GPU: every one on the Gluon kernel it asks for)
     hung      no line from the child for IDLE_S, or no exit within TIMEOUT_S (its process
               group is killed); the detail names the case that started last
     faulted   a CUDA error or a fatal signal (the stderr line that says so)
     failed    any other non-zero exit (the stderr line that says why)
-    declined  every case ran, but the route gave one to the Triton kernels (GPU only)
+    declined  every case ran, but the route gave one to the Triton kernels (GPU only); the
+              detail names the case and the kernel (forward or backward)
     stopped   the suite was asked to stop (SIGINT / SIGTERM) while the child ran
 """
 
@@ -36,10 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from flashtrain.lab.bench import hopper_checks, ws_route
+from flashtrain.lab.bench import hopper_checks
 from flashtrain.lab.checkout import REPO
 
-TIMEOUT_S = 180.0  # in all: imports, compiles on a cold Triton cache, every launch
+TIMEOUT_S = 240.0  # in all: imports, compiles on a cold Triton cache, every launch (25 cases)
 IDLE_S = 90.0  # without a line from the child: a case's compile and launch take seconds
 DRY_RUN_TIMEOUT_S, DRY_RUN_IDLE_S = 90.0, 60.0  # CPU: imports and toy launches
 PREFIX = "GUARD "
@@ -71,10 +72,10 @@ def child_main(argv=None) -> int:
     workers = 1 if dry else os.cpu_count() or 8  # Triton's compiler releases the GIL
     with ThreadPoolExecutor(max_workers=workers) as pool:
         builtin = list(pool.map(lambda p: hopper_checks.builtin_results(p[0], device), plan))
-    for (case, config), reference in zip(plan, builtin):
+    for (case, overrides), reference in zip(plan, builtin):
         _emit(start=case.name)
         start = time.monotonic()
-        row = hopper_checks.guard_result(case, config, device, reference)
+        row = hopper_checks.guard_result(case, overrides, device, reference)
         if device == "cuda":
             torch.cuda.synchronize()  # a fault of this case is reported as this case's
         _emit(**row, seconds=round(time.monotonic() - start, 2))
@@ -173,10 +174,9 @@ def _outcome(code, stderr, planned, started, done, hung, stopped,
         fatal = code < 0 or "CUDA error" in stderr or "AcceleratorError" in stderr
         what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
         return ("faulted" if fatal else "failed"), f"{what}: {_key_line(stderr)} ({progress})"
-    declined = [r for r in done if r["kernel"] != ws_route.GLUON]
+    declined = [f"{r['case']}: {why}" for r in done if (why := hopper_checks.declined(r))]
     if require_gluon and declined:
-        first = declined[0]
-        return "declined", f"{first['case']}: {ws_route.label(first['kernel'], first['route'])}"
+        return "declined", declined[0]
     if len(done) < len(planned) or not planned:
         return "failed", f"the child exited 0 with {progress}"
     return "passed", progress

@@ -57,11 +57,12 @@ TMA_RETRIES = 2  # the fastest pointer configs timed again with descriptor loads
 # The Hopper variants (issue 30; docs/kernel_compile.md "Variants"), timed after the candidates
 # wherever descriptor loads are allowed (they load through descriptors): the warp-specialized
 # forward (4 warps: Triton ignores the flag at 8), the persistent one, both; dK/dV with 64-row
-# query tiles on descriptors (its pointer form is a candidate above), and the warp-specialized
-# Gluon backward (issue 43) at each tile kernels/hopper/route.py allows, only at the head dims
-# it allows it ("head_dims"). The warp-specialized forward's time includes the copy of V it
+# query tiles on descriptors (its pointer form is a candidate above), and the Gluon kernels
+# (the forward, issue 46; the backward, issue 43) at each tile kernels/hopper/route.py allows,
+# only at the head dims it allows them ("head_dims"). The warp-specialized forward's time includes the copy of V it
 # needs (docs/attention_semantics.md).
 _WS = dict(tma=True, warp_specialize=True)
+_GLUON = dict(tma=True, gluon=True)
 _PERSISTENT = dict(tma=True, persistent=True)
 
 
@@ -73,8 +74,22 @@ def _gluon_backward_variants() -> list[dict]:
             dims_of.setdefault(tile, []).append(head_dim)
     return [
         dict(block_m=m, block_n=hopper_route.BLOCK_N, num_warps=hopper_route.NUM_WARPS,
-             num_stages=stages, **_WS, head_dims=tuple(dims))
+             num_stages=stages, **_GLUON, head_dims=tuple(dims))
         for (m, stages), dims in dims_of.items()
+    ]  # fmt: skip
+
+
+def _gluon_forward_variants() -> list[dict]:
+    """route.FWD_STAGES as variant fields: one entry per ring depth, with its head dims."""
+    dims_of: dict[int, list[int]] = {}
+    for head_dim, depths in hopper_route.FWD_STAGES.items():
+        for stages in depths:
+            dims_of.setdefault(stages, []).append(head_dim)
+    return [
+        dict(block_m=hopper_route.FWD_BLOCK_M, block_n=hopper_route.BLOCK_N,
+             num_warps=hopper_route.FWD_NUM_WARPS, num_stages=stages, **_GLUON,
+             head_dims=tuple(dims))
+        for stages, dims in dims_of.items()
     ]  # fmt: skip
 
 
@@ -86,6 +101,7 @@ VARIANTS = {
         dict(block_m=128, block_n=128, num_warps=8, num_stages=2, **_PERSISTENT),
         dict(block_m=128, block_n=128, num_warps=8, num_stages=3, **_PERSISTENT),
         dict(block_m=128, block_n=128, num_warps=4, num_stages=2, **_WS, persistent=True),
+        *_gluon_forward_variants(),
     ],
     "dkdv": [
         dict(block_m=64, block_n=128, num_warps=8, num_stages=2, tma=True),
@@ -103,9 +119,11 @@ DRY_RUN_VARIANTS = {
 
 
 def config_label(cfg: dict) -> str:
-    """ "128x128 w4 s2 tma ws persistent": a config's tiles, warps, stages and variant flags."""
+    """ "128x128 w4 s2 tma ws persistent", "64x128 w8 s2 tma gluon": a config's tiles, warps,
+    stages and variant flags."""
     flags = [name for name, key in (("tma", "tma"), ("ws", "warp_specialize"),
-                                    ("persistent", "persistent")) if cfg.get(key)]  # fmt: skip
+                                    ("persistent", "persistent"), ("gluon", "gluon"))
+             if cfg.get(key)]  # fmt: skip
     return " ".join([f"{cfg['block_m']}x{cfg['block_n']} w{cfg['num_warps']} s{cfg['num_stages']}",
                      *flags])  # fmt: skip
 

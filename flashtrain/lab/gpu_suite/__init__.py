@@ -4,6 +4,6 @@ cli.py       the command (scripts/gpu_suite.py): sections in order, budget, exit
 sections.py  what each section measures, at real sizes on a GPU and toy ones in the dry run
 record.py    suite.json + summary.md after every measurement; SIGINT/SIGTERM and budget stops
 summary.py   summary.md's tables;  targets.py  the issue-12, -43 and -44 targets;  plots.py  the PNGs
-hopper.py    the hopper section: the Gluon backward's guard, checks, timing and table entry
+hopper.py    the hopper section: the Gluon kernels' guard, checks, timing and table entries
 loss_section.py  the loss section: the LM head's loss, fused vs chunked, compiled and Liger
 """

@@ -4,7 +4,7 @@
     python scripts/gpu_suite.py --out "$OUT" --budget-min 3 --sections decode   # call 2, warm
     python scripts/gpu_suite.py --out "$OUT" --budget-min 6 --sections sweep
     python scripts/gpu_suite.py --out "$OUT" --budget-min 4 --sections pytest
-    python scripts/gpu_suite.py --out "$OUT" --budget-min 6 --sections hopper   # the Gluon backward
+    python scripts/gpu_suite.py --out "$OUT" --budget-min 6 --sections hopper   # the Gluon kernels
     python scripts/gpu_suite.py --dry-run --out /tmp/suite           # toy sizes on CPU, no figure
 
 Default sections, in order of value: environment, peaks, correctness, attention, training, long,
@@ -38,7 +38,7 @@ from flashtrain.lab.gpu_suite.summary import derive, summary_markdown
 DEFAULT = ("environment", "peaks", "correctness", "attention", "training", "long", "sweep")
 # Named sections run in this order whatever the command line's: the sweep and pytest take what
 # is left, so they come last.
-# hopper (the Gluon backward's check) late: should its kernel fault the process after its guard
+# hopper (the Gluon kernels' check) late: should its kernel fault the process after its guard
 # passed, what came before is on record
 ALL = ("environment", "peaks", "correctness", "attention", "loss", "training", "long", "longctx",
        "decode", "hopper", "sweep", "pytest")  # fmt: skip

@@ -1,27 +1,35 @@
-"""The hopper section: the warp-specialized Gluon backward for Hopper (kernels/hopper/
-flash_bwd_ws.py, issue 43) checked in one call of its own (`--sections hopper --budget-min 6`,
-docs/gpu_session.md), in the order in which things must happen:
+"""The hopper section: the Gluon kernels for Hopper, the warp-specialized backward
+(kernels/hopper/flash_bwd_ws.py, issue 43) and the warp-specialized, persistent forward
+(flash_fwd_ws.py, issue 46), checked in one call of their own (`--sections hopper --budget-min 6`,
+docs/gpu_session.md), with issue 30's plain-Triton forward variants timed beside them, in the
+order in which things must happen:
 
-    guard        its first launches, small, in a child process with a timeout
-                 (bench/hopper_guard.py): a hang, a CUDA fault or a declined route there fails this
-                 section ("failed: guard hung: ...") before anything of it runs in the suite's
-                 process; the suite goes on
-    compile      every launch the section times, at once (Section.compile): under the Gluon
-                 config first (tuning.overridden is process-wide), then today's default
-    correctness  output and every gradient vs float32 math at 4K and 16K, GQA, varlen, fp16, and
-                 NaN keys that causal rows cannot see (bench/hopper_checks.py); a wrong row fails
-                 its measurement ("failed: wrong: dq err ...")
-    timing       fwd, bwd and fwd+bwd at 4K and 16K, hd 128 and 64, full and causal: the Gluon
-                 backward, today's default, SDPA's cuDNN and FA2 backends (bench/hopper_timing.py)
-    table        per dkdv/<head_dim>/<dtype>: written into the per-GPU table (merged with what is
-                 there) where the Gluon config agrees with the built-in one, beats it on the
-                 sweep's measure, and every correctness check of the section passed
+    guard        their first launches, small, in a child process with a timeout, the forward's
+                 first (bench/hopper_guard.py): a hang, a CUDA fault or a declined route there
+                 fails this section ("failed: guard hung: ...") before anything of it runs in the
+                 suite's process; the suite goes on
+    compile      every launch the section times, at once (Section.compile), a pass per set of
+                 configs (tuning.overridden is process-wide): the Gluon backward's, the Gluon
+                 forward's, each issue-30 variant's, then today's default
+    correctness  output and every gradient vs float32 math (bench/hopper_checks.py): the Gluon
+                 backward at 4K and 16K, GQA, varlen, fp16; the Gluon forward (with the built-in
+                 backward) at 4K, GQA, varlen, fp16 and one 16K case a head dim; both at 4K; and
+                 NaN keys that causal rows cannot see (K and V for the backward, V for the
+                 forward); a wrong row fails its measurement ("failed: wrong: dq err ...")
+    timing       fwd, bwd and fwd+bwd at 4K and 16K, hd 128 and 64, full and causal: SDPA's cuDNN
+                 first, the Gluon backward, the Gluon forward, both, today's default, issue 30's
+                 warp-specialized and persistent forwards, SDPA's FA2 (bench/hopper_timing.py)
+    table        per dkdv/<head_dim>/<dtype>: the Gluon backward; per fwd/<head_dim>/<dtype>:
+                 the Gluon forward at each ring depth and issue 30's two variants, the fastest
+                 that agrees with the built-in config and beats it; written into the per-GPU
+                 table (merged with what is there), a Gluon config only if every correctness
+                 check of the section passed
     flex         FlexAttention on the dense masks, last: each shape is a compile of its own, so
                  one is skipped (budget) when less than FLEX_COMPILE_S is left
 
-On the GPU, a measurement that the route does not give to the Gluon kernel fails; in the dry run
-(CPU: the route declines it, Gluon kernels do not run there) the rows say which backward ran and
-why, and the check is of the code paths only.
+On the GPU, a measurement that the route does not give to the Gluon kernels it asks for fails;
+in the dry run (CPU: the route declines them, Gluon kernels do not run there) the rows say which
+forward and backward ran and why, and the check is of the code paths only.
 """
 
 from __future__ import annotations
@@ -47,9 +55,12 @@ from flashtrain.lab.gpu_suite.suite import Suite
 
 GUARD = "guard (child process)"
 # per shape, cuDNN first: the ratios' denominator is on record before the rows it divides
-METHODS = ("sdpa_cudnn_attention", hopper_timing.GLUON_METHOD, "flashtrain", "sdpa_flash_attention")
+METHODS = ("sdpa_cudnn_attention", hopper_timing.GLUON_METHOD, hopper_timing.GLUON_FWD_METHOD,
+           hopper_timing.GLUON_BOTH_METHOD, "flashtrain", *hopper_timing.ISSUE30,
+           "sdpa_flash_attention")  # fmt: skip
 FLEX = ("flex",)
 FLEX_COMPILE_S = 60.0  # FlexAttention's forward and backward compile at a new shape (H100, warm)
+TABLE_KINDS = ("dkdv", "fwd")  # the table's measurements, a key each per head_dim
 
 
 def _shapes(suite: Suite) -> list[tuple[int, bool, int]]:
@@ -74,6 +85,11 @@ def _timing_name(head_dim: int, causal: bool, seqlen: int, method: str) -> str:
     return f"hd{head_dim} {'causal' if causal else 'full'} S={seqlen} {method}"
 
 
+def _table_keys(suite: Suite) -> list[tuple[str, int]]:
+    """(kind, head_dim) of each table measurement: the Gluon backward's, then the forward's."""
+    return [(kind, d) for kind in TABLE_KINDS for d in suite.sizes.head_dims]
+
+
 def _table_shapes(suite: Suite) -> dict:
     """The sweep's inputs (section_sweep's): its length, z.tokens a batch (128 in the dry run)."""
     z = suite.sizes
@@ -88,9 +104,9 @@ def _free_cuda() -> None:
 
 def section_hopper(suite: Suite, sec: Section) -> None:
     z = suite.sizes
-    checks = [*hopper_checks.cases(suite.dry), hopper_checks.nonfinite_case(suite.dry)]
+    checks = hopper_checks.checks(suite.dry)
     shapes = _shapes(suite)
-    keys = [tuning.table_key("dkdv", d, z.dtype) for d in z.head_dims]
+    keys = [tuning.table_key(kind, d, z.dtype) for kind, d in _table_keys(suite)]
     sec.plan([GUARD, *[c.name for c in checks],
               *[_timing_name(*shape, m) for shape in shapes for m in METHODS],
               *[f"table {key}" for key in keys],
@@ -98,13 +114,34 @@ def section_hopper(suite: Suite, sec: Section) -> None:
     sec.data["checks"] = [c.name for c in checks]  # summary.md's count of checks
     if not _guard(suite, sec):
         return
-    with tuning.overridden("dkdv", ws_route.variant_config()):
-        sec.compile(_launches(suite, checks, shapes, "gluon"), suite.compile_workers)
-    sec.compile(_launches(suite, [], shapes, "default"), suite.compile_workers)
+    _compile(suite, sec, checks, shapes)
     _correctness(suite, sec, checks)
     _timing(suite, sec, shapes, METHODS)
     _table(suite, sec, checks)
     _timing(suite, sec, shapes, FLEX, need_s=0.0 if suite.dry else FLEX_COMPILE_S)
+
+
+def _compile_passes(suite: Suite) -> list[tuple[str, dict, str | None, tuple[str, ...]]]:
+    """(tag, configs in force, the Gluon kind whose checks it compiles, the table kinds) of each
+    compile pass: the Gluon backward's, the Gluon forward's, each issue-30 variant's (the
+    timing's and the table's launches alone), today's default. Both Gluon kernels together
+    launch only kernel forms these compile."""
+    t = hopper_timing
+    return [
+        ("gluon bwd", t.method_overrides(t.GLUON_METHOD), "dkdv", ("dkdv",)),
+        ("gluon fwd", t.method_overrides(t.GLUON_FWD_METHOD), "fwd", ("fwd",)),
+        *[(name, t.method_overrides(name, suite.dry), None, ("fwd",)) for name in t.ISSUE30],
+        ("default", {}, None, TABLE_KINDS),
+    ]
+
+
+def _compile(suite: Suite, sec: Section, checks, shapes) -> None:
+    """Every launch the section makes, a pass per set of configs (tuning.overridden is
+    process-wide: one set in force at a time), each pass's launches side by side."""
+    for tag, overrides, kind, table_kinds in _compile_passes(suite):
+        mine = [c for c in checks if kind in c.kinds]
+        with ws_route.overridden(overrides):
+            sec.compile(_launches(suite, mine, shapes, tag, table_kinds), suite.compile_workers)
 
 
 def _skip_rest(sec: Section, reason: str) -> None:
@@ -147,34 +184,38 @@ def _first_launch(suite: Suite, dims, causal: bool) -> None:
     baselines.with_backward(forward, inputs)()
 
 
-def _launches(suite: Suite, checks, shapes, tag: str) -> dict:
-    """Compile-phase launches under the dK/dV config in force (the caller's): the checks'
-    (correctness.launch_once), every timed shape's, the table's (tile_sweep.builtin_launches)."""
-    launches = {f"{tag} {c.name}": partial(correctness.launch_once, c, suite.device)
+def _launches(suite: Suite, checks, shapes, tag: str, table_kinds) -> dict:
+    """Compile-phase launches under the configs in force (the caller's): the checks'
+    (correctness.launch_once), every timed shape's, the table's (tile_sweep.builtin_launches
+    of table_kinds)."""
+    launches = {f"{tag} {c.name}": partial(correctness.launch_once, c.case, suite.device)
                 for c in checks}  # fmt: skip
     for head_dim, causal, seqlen in shapes:
         dims = _dims(suite, head_dim, seqlen)
         name = f"{tag} {_timing_name(head_dim, causal, seqlen, f'B{dims[0]} H{dims[1]}')}"
         launches[name] = partial(_first_launch, suite, dims, causal)
-    table = tile_sweep.builtin_launches(head_dims=suite.sizes.head_dims, kinds=("dkdv",),
+    table = tile_sweep.builtin_launches(head_dims=suite.sizes.head_dims, kinds=table_kinds,
                                         **_table_shapes(suite))  # fmt: skip
     for what, launch in table.items():  # "dkdv/128/bfloat16 built-in causal": the config in force
         launches[f"{tag} table {what.replace(' built-in', '')}"] = launch
     return launches
 
 
+def _kernels(row: dict) -> str:
+    """ "fwd gluon, bwd triton (route: ...)": which forward and backward a row ran."""
+    fwd = ws_route.label(row["forward_kernel"], row["forward_route"])
+    return f"fwd {fwd}, bwd {ws_route.label(row['backward_kernel'], row['backward_route'])}"
+
+
 def _correctness(suite: Suite, sec: Section, checks) -> None:
-    nonfinite = checks[-1]
-    for case in checks:
-        check = hopper_checks.check_masked_nonfinite if case is nonfinite else hopper_checks.check
-        row = sec.measure(case.name, lambda case=case, check=check: check(
-            case, suite.device, require_gluon=not suite.dry))  # fmt: skip
+    for check in checks:
+        row = sec.measure(check.name, lambda check=check: hopper_checks.run(
+            check, suite.device, require_gluon=not suite.dry))  # fmt: skip
         if row:
             verdict = "ok" if row["passed"] else f"FAILED: {row['failure']}"
-            print(f"  {case.name}: {ws_route.label(row['kernel'], row['route'])}: {verdict}",
-                  flush=True)  # fmt: skip
+            print(f"  {check.name}: {_kernels(row)}: {verdict}", flush=True)
             if not row["passed"]:  # its figures stay in the rows; the measurement fails
-                sec.data["measured"][case.name] = f"failed: {row['failure'][:300]}"
+                sec.data["measured"][check.name] = f"failed: {row['failure'][:300]}"
                 suite.record.save()
         _free_cuda()
 
@@ -205,29 +246,37 @@ def _time_shape(suite: Suite, sec: Section, names, methods, dims, causal: bool) 
     for name, method in zip(names, methods):
         rows = sec.measure(name, lambda method=method: hopper_timing.method_rows(
             method, built[method], dims, causal, suite.sizes.rep, suite.device,
-            require_gluon=not suite.dry))  # fmt: skip
+            require_gluon=not suite.dry, dry=suite.dry))  # fmt: skip
         if rows:
             print(f"  {name}: fwd {rows[0]['ms']} ms, fwd+bwd {rows[1]['ms']} ms", flush=True)
 
 
+def _table_rows(suite: Suite, kind: str, head_dim: int, verified: bool) -> list[dict]:
+    """The verdicts of one table key: the Gluon backward's (dkdv) or every forward candidate's
+    (fwd: hopper_timing.forward_table_check)."""
+    common = dict(rep=suite.sizes.rep, require_gluon=not suite.dry, verified=verified,
+                  **_table_shapes(suite))  # fmt: skip
+    if kind == "dkdv":
+        return [hopper_timing.table_check(head_dim, **common)]
+    return hopper_timing.forward_table_check(head_dim, dry=suite.dry, **common)
+
+
 def _table(suite: Suite, sec: Section, checks) -> None:
-    """Each head_dim's verdict, the winners merged into the per-GPU table as they come."""
+    """Each key's verdicts, the winners merged into the per-GPU table as they come."""
     verified = all(sec.data["measured"].get(c.name) == "ok" for c in checks)
     name = tile_sweep.device_name(suite.device)
     path = suite.out / tile_sweep.table_file(name)
     sec.data["table_file"] = path.name
     rows = []
-    for head_dim in suite.sizes.head_dims:
-        key = tuning.table_key("dkdv", head_dim, suite.sizes.dtype)
-        row = sec.measure(f"table {key}", lambda head_dim=head_dim: hopper_timing.table_check(
-            head_dim, rep=suite.sizes.rep, require_gluon=not suite.dry, verified=verified,
-            **_table_shapes(suite)))  # fmt: skip
-        if not row:
-            continue
-        rows.append(row)
-        verdict = "written" if row["winner"] else f"not written {row.get('note', '')}"
-        print(f"  table {key}: {row.get('ms')} ms vs built-in {row.get('builtin_ms')} ms: "
-              f"{verdict}", flush=True)  # fmt: skip
+    for kind, head_dim in _table_keys(suite):
+        key = tuning.table_key(kind, head_dim, suite.sizes.dtype)
+        found = sec.measure(f"table {key}", lambda kind=kind, head_dim=head_dim: _table_rows(
+            suite, kind, head_dim, verified))  # fmt: skip
+        for row in found or ():
+            rows.append(row)
+            verdict = "written" if row["winner"] else f"not written {row.get('note', '')}"
+            print(f"  table {key}: {row.get('ms')} ms vs built-in {row.get('builtin_ms')} ms: "
+                  f"{verdict}", flush=True)  # fmt: skip
         table = hopper_timing.write_winners(path, name, rows)
         if table:
             sec.data["table"] = table

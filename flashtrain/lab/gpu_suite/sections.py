@@ -21,9 +21,9 @@ the first launch of each shape it will time, on a thread pool), then measures.
                  tokens/s and peak memory, communication not measured (bench/long_context.py)
     decode       one decode step against a 4K-64K KV cache: flash_attn_with_kvcache (split-KV and one
                  split), flash_attn_func on the cache, SDPA (Llama-3-8B's heads, bf16)
-    hopper       the warp-specialized Gluon backward (issue 43): a hang and fault guard in a child
-                 process, then correctness, timing side by side and its tuning-table entry
-                 (gpu_suite/hopper.py)
+    hopper       the Gluon backward and forward for Hopper (issues 43, 46) and issue 30's forward
+                 variants: a hang and fault guard in a child process, then correctness, timing
+                 side by side and their tuning-table entries (gpu_suite/hopper.py)
     sweep        descriptor-load correctness, then the tile configs; the per-GPU table as it goes
     pytest       `pytest -m gpu` with its own budget, its log and junit kept
 """

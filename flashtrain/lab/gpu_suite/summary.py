@@ -243,7 +243,9 @@ def _hopper_table(sec: dict) -> list[str]:
 
 HOPPER_METHODS = (("flashtrain_gluon", "Gluon"), ("flashtrain", "default"),
                   ("sdpa_cudnn_attention", "cuDNN"), ("sdpa_flash_attention", "FA2"),
-                  ("flex", "Flex"))  # fmt: skip
+                  ("flex", "Flex"), ("flashtrain_gluon_fwd", "Gluon fwd"),  # issue 46
+                  ("flashtrain_gluon_both", "Gluon both"), ("flashtrain_ws_fwd", "ws fwd"),
+                  ("flashtrain_persistent_fwd", "persistent fwd"))  # fmt: skip
 
 
 def _hopper_timing(rows: list[dict]) -> list[str]:
@@ -267,11 +269,11 @@ def _hopper_timing(rows: list[dict]) -> list[str]:
 
 
 def _hopper(sec: dict, dry: bool) -> list[str]:
-    """The Gluon backward's check: guard, correctness, targets vs cuDNN, timing, table."""
+    """The Gluon kernels' check: guard, correctness, targets vs cuDNN, timing, table."""
     rows = sec.get("rows", [])
-    lines = ["", "## Hopper: the Gluon backward (issue 43)" + (DRY if dry else "")]
+    lines = ["", "## Hopper: the Gluon backward and forward (issues 43, 46)" + (DRY if dry else "")]
     lines += _hopper_guard(rows) + _hopper_checks(rows, len(sec.get("checks", [])))
-    lines += _targets(sec, "### Targets (Gluon backward vs cuDNN, geometric mean over 4K and 16K)")
+    lines += _targets(sec, "### Targets (Gluon kernels vs cuDNN, geometric mean over 4K and 16K)")
     timed = [r for r in rows if "mode" in r]
     if timed:
         kernels = sorted({_route(r) for r in timed if r["method"] == "flashtrain_gluon"})

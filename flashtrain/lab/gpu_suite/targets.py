@@ -1,7 +1,7 @@
 """The issue-12 targets as ratios of TFLOP/s measured in the same process on the same inputs:
 ours over SDPA's FLASH (FlashAttention-2) and CUDNN backends, block-sparse over FlexAttention,
-and our forward over the chip's bf16 matmul peak; the issue-43 targets of the Gluon backward
-(the hopper section) over cuDNN's; and the issue-44 targets of the training section (MFU, ours
+and our forward over the chip's bf16 matmul peak; the issue-43 and issue-46 targets of the Gluon
+backward and forward (the hopper section) over cuDNN's; and the issue-44 targets of the training section (MFU, ours
 vs SDPA's best backend through the trainer, a step split that accounts for the GPU window)."""
 
 from __future__ import annotations
@@ -31,6 +31,16 @@ HOPPER = [
     ("Gluon causal bwd hd64 vs cuDNN", "bwd", True, 64, 0.90),
     ("Gluon fwd+bwd hd128 vs cuDNN", "fwd_bwd", False, 128, 0.85),
 ]
+# The Gluon forward over cuDNN, issue 46: (name, method, mode, causal, head_dim, goal); the
+# forward alone (method flashtrain_gluon_fwd: the built-in backward beside it) and both Gluon
+# kernels together (flashtrain_gluon_both)
+GLUON_FWD, GLUON_BOTH = "flashtrain_gluon_fwd", "flashtrain_gluon_both"
+HOPPER_FWD = [
+    *[(f"Gluon {'causal ' * c}fwd hd{d} vs cuDNN", GLUON_FWD, "fwd", c, d, 1.0)
+      for c in (False, True) for d in (128, 64)],
+    *[(f"Gluon {'causal ' * c}fwd+bwd (both Gluon) hd{d} vs cuDNN", GLUON_BOTH, "fwd_bwd", c, d,
+       0.95) for c in (False, True) for d in (128, 64)],
+]  # fmt: skip
 
 
 def _geomean(values):
@@ -95,17 +105,18 @@ def target_ratios(rows: list[dict], matmul_peak: float | None, dry: bool) -> lis
 
 
 def hopper_target_ratios(rows: list[dict], dry: bool) -> list[dict]:
-    """The Gluon backward's targets, ratios None until both sides are measured."""
+    """The Gluon backward's and forward's targets, ratios None until both sides are measured."""
     tflops = _tflops_by_length(rows, dry)
+    targets = [(name, GLUON, mode, causal, d, goal) for name, mode, causal, d, goal in HOPPER]
     return [
-        _target(name, _ratio(tflops(GLUON, mode, causal, d), tflops(CUDNN, mode, causal, d)), goal)
-        for name, mode, causal, d, goal in HOPPER
+        _target(name, _ratio(tflops(method, mode, causal, d), tflops(CUDNN, mode, causal, d)), goal)
+        for name, method, mode, causal, d, goal in targets + HOPPER_FWD
     ]
 
 
 def add_row_ratios(rows: list[dict]) -> None:
     """Each timed row's TFLOP/s over cuDNN's at its shape and mode (ratio_vs_cudnn) and, for the
-    Gluon rows, over today's default backward's (ratio_vs_flashtrain); None where either is
+    Gluon rows, over today's default flashtrain's (ratio_vs_flashtrain); None where either is
     missing."""
     by_shape = {
         (r["method"], r["mode"], r["causal"], r["head_dim"], r["seqlen"]): r.get("tflops")
@@ -117,7 +128,7 @@ def add_row_ratios(rows: list[dict]) -> None:
             continue
         shape = (r["mode"], r["causal"], r["head_dim"], r["seqlen"])
         pairs = [("ratio_vs_cudnn", CUDNN)] + [("ratio_vs_flashtrain", "flashtrain")] * (
-            r["method"] == GLUON
+            r["method"] in (GLUON, GLUON_FWD, GLUON_BOTH)
         )
         for field, base in pairs:
             theirs = by_shape.get((base, *shape))
