@@ -1,13 +1,13 @@
 """The Gluon forward (kernels/hopper/flash_fwd_ws.py) as the compiler makes it for sm_90, without
 a GPU (flashtrain/lab/kernel_compile.py's stand-in driver): live under the installed Triton for
 one launch, and for every launch in the committed reports of Triton 3.6 (the GPU machines') and
-the newest. The goal (issue 46): three partitions of a warpgroup each (the loader, the default
+the newest. The goal (issue 46): three partitions of a warpgroup each (the loader as the default
 partition, and two consumer warpgroups), setmaxnreg handing the consumers 232 registers and the
 loader the 40 they leave, within what the launch holds (a larger ask waits forever for
-registers nobody frees); every product on wgmma (0 mma.sync); no spill in the main loop (and
-none at all at head_dim 64; at 128, a few words the partitions capture, stashed once before
-the region); shared memory within sm_90's 232,448 bytes and the model tuning.shared_bytes uses.
-Then the launch contract (a real launch's rules) with the forward launched from a fresh thread."""
+registers nobody frees); every product on wgmma (0 mma.sync); no spill in the main loop (none
+at all at head_dim 64; at 128 a few words outside the loop); shared memory within sm_90's
+232,448 bytes and the model tuning.shared_bytes uses. Then the launch contract (a real launch's
+rules) with the forward launched from a fresh thread."""
 
 import json
 import re
@@ -27,8 +27,9 @@ REPORTS = {"3.6": RESULTS / "kernel-compile-sm90-triton3.6-hopper-fwd.md",
 KERNEL = "flash_forward_ws_kernel"
 SHARED_LIMIT = 232_448  # sm_90's opt-in shared memory per block
 THREADS = 384  # three warpgroups
-# head_dim 128: the words the partitions capture (descriptors, strides, sequence bounds) that
-# the region's register counts cannot keep, stashed once before it and reloaded per item
+# head_dim 128: words live across the partitions' setmaxnreg (ptxas saves what lies above a
+# partition's new count) and a consumer's per-item state, none in the main loop
+# (docs/kernel_compile.md); more would be new pressure
 D128_STASH_BYTES = 64
 LAUNCH = "ws-fwd bf16 d128 causal gqa"  # the live one: d128 and GQA
 
