@@ -304,6 +304,7 @@ def flash_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
             cfg, q4=q4, k4=k4, v4=v4, o4=o4, dropout_p=dropout_p, softcap=softcap,
             alibi_slopes=alibi_slopes, window_left=window_left, window_right=window_right,
             sparse=sparse)  # fmt: skip
+        # visits count the Triton forward's key tiles (cost accounting): that call keeps it
         if declined is None and visits is None:
             from flashtrain.kernels.hopper.flash_fwd_ws import flash_forward_ws
 

@@ -7,11 +7,11 @@ One persistent program per SM walks a queue of work items (kernels/hopper/fwd_sc
 128-row query tile of one head of one sequence, for causal bands every head's heaviest tile
 first. Three partitions, connected by mbarriers:
 
-  loader (1 warp, 24 registers)   per item its Q tile (two 64-row halves, into one of two Q
-                                  buffers: the next item's Q arrives while this one finishes),
-                                  then the K and V tiles of its visit plan into a ring of STAGES
-                                  slots, with TMA (q_ready / q_empty, kv_ready / kv_empty)
-  consumer 0, consumer 1          one warpgroup each (240 registers), warpgroup w owning query
+  loader (the default partition:  per item its Q tile (two 64-row halves, into one of two Q
+  4 warps, one issuing; 40        buffers: the next item's Q arrives while this one finishes),
+  registers, what the consumers   then the K and V tiles of its visit plan into a ring of STAGES
+  leave)                          slots, with TMA (q_ready / q_empty, kv_ready / kv_empty)
+  consumer 0, consumer 1          one warpgroup each (232 registers), warpgroup w owning query
   (4 warps each)                  rows [m0 + 64w, m0 + 64w + 64) of the item:
                                     S_t  = Q_w K_t^T               (wgmma, async)
                                     O   += P_{t-1} V_{t-1}         (wgmma, P from registers)
@@ -75,7 +75,7 @@ from flashtrain.kernels.tuning import sm_count
 
 BLOCK_M = 128  # query rows a work item holds: 64 per consumer warpgroup
 BLOCK_N = 128  # keys a K / V tile holds
-CONSUMER_WARPS = 4  # one warpgroup a consumer (the launch's num_warps: the first consumer's)
+CONSUMER_WARPS = 4  # one warpgroup a consumer (the launch's num_warps: the loader's, the same)
 # setmaxnreg: each consumer's count; the loader gets the rest: (168 x 384 - 2 x 232 x 128) / 128 = 40
 CONSUMER_REGISTERS = gl.constexpr(232)
 MAX_REGISTERS = 168  # at launch: 65,536 registers / 384 threads, rounded down to a multiple of 8
