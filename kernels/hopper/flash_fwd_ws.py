@@ -297,8 +297,8 @@ def _consumer_partition(WG: gl.constexpr, O, LSE, o_desc, q_smem, k_smem, v_smem
             q_row, _ = _first_rows(b, q_start, k_start, seqlen_q_fixed, seqlen_k_fixed,
                                    IS_VARLEN)  # fmt: skip
             _epilogue(WG, O, LSE, o_desc, q_tile, acc, m_i, l_i, offs_m, q_row + m0, h, b,
-                      q_start, seqlen_q, seqlen_q - m0, stride_om, stride_lb, stride_lh, HEAD_DIM, HALF,
-                      o_layout)  # fmt: skip
+                      q_start, seqlen_q, seqlen_q - m0, stride_om, stride_lb, stride_lh,
+                      HEAD_DIM, HALF, o_layout)  # fmt: skip
             partition_barrier()  # the O store has read the buffer in every warp
             mbarrier.arrive(q_empty.index(q_slot), count=1)
             local += 1
@@ -306,8 +306,8 @@ def _consumer_partition(WG: gl.constexpr, O, LSE, o_desc, q_smem, k_smem, v_smem
 
 @gluon.jit
 def _epilogue(WG: gl.constexpr, O, LSE, o_desc, q_tile, acc, m_i, l_i, offs_m, tile_row, h, b,
-              q_start, seqlen_q, rows_left, stride_om, stride_lb, stride_lh, HEAD_DIM: gl.constexpr,
-              HALF: gl.constexpr, o_layout: gl.constexpr):
+              q_start, seqlen_q, rows_left, stride_om, stride_lb, stride_lh,
+              HEAD_DIM: gl.constexpr, HALF: gl.constexpr, o_layout: gl.constexpr):
     """O = acc / l for this warpgroup's rows and their lse; rows that saw no key get 0 and -inf.
     A half wholly inside the sequence goes out through shared memory (its Q half, no longer
     read) and one TMA store; a tail half through pointer stores of the rows it has."""
