@@ -8,6 +8,7 @@ torchrun --nproc_per_node=8 train.py experiment=owt/gpt2s-4k trainer.strategy=fs
 import hydra
 from omegaconf import DictConfig
 
+from flashtrain.lab.checkout import use_checkout_kernels
 from flashtrain.train import main as flashtrain_main
 from flashtrain.train import register_schemas
 from flashtrain.train.entry import config_errors_explained
@@ -19,6 +20,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    use_checkout_kernels()  # a checkout run without installing (a GPU machine's copy) is complete
     register_schemas()  # the typed schemas Hydra composes configs/ onto
     with config_errors_explained():
         main()

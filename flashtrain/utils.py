@@ -3,6 +3,7 @@ K/M/G/T for log lines and reports, and the git commit of the code being run for 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 from pathlib import Path
@@ -35,3 +36,16 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
         return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def missing_modules(names) -> list[str]:
+    """The modules of `names` that cannot be imported here (not installed, or blocked)."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # ValueError: blocked (None in sys.modules)
+            found = False
+        if not found:
+            missing.append(name)
+    return missing

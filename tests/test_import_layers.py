@@ -66,6 +66,9 @@ ALLOWED = {
     "lab.reports": LAB_BASE | {"lab.experiments", "lab.bench"},
     "lab.reproduce": LAB_BASE | {"lab.experiments", "lab.bench", "lab.reports"},
     "lab.gpu_suite": LAB_BASE | {"lab.bench"},
+    # the paper's results in one GPU call: the experiments' gpu-call scale run by the driver's
+    # pieces, the trainer's metrics read as the reports read them
+    "lab.paper_call": LAB_BASE | {"lab.experiments", "lab.bench", "lab.reports", "lab.reproduce"},
     "lab.prepare_data": LAB_BASE,
     "lab.make_pathfinder": LAB_BASE,
     "lab.kernel_compile": LAB_BASE,

@@ -67,7 +67,11 @@ class CorpusConfig(CachedDataConfig):
     """A text source (local files or a Hugging Face hub dataset) and its tokenizer."""
 
     source: str | None = None  # "pysrc": this Python's standard library (flashtrain/data/pysrc.py)
-    pysrc_under: str | None = None  # pysrc: only the files under this stdlib folder (e.g. "json")
+    # pysrc: only the files under this folder: a stdlib one ("json"), or with pysrc_packages a
+    # package's ("packages/numpy")
+    pysrc_under: str | None = None
+    # pysrc: also the .py files of this Python's installed packages (site-packages / dist-packages)
+    pysrc_packages: bool = False
     data_files: Any = None  # local .txt / .jsonl / .json / .parquet / .csv path(s), globs allowed
     val_files: Any = None  # their own validation files; else val_fraction of the documents
     hub_name: str | None = None  # or a Hugging Face dataset
@@ -86,7 +90,7 @@ class CorpusConfig(CachedDataConfig):
     tokenizer_name: str = "bert-base-uncased"  # wordpiece: folder under <cache_dir>/tokenizers/
     lowercase: bool = True  # wordpiece
     vocab_size: int = 258  # the tokenizer's id count (byte: 256 bytes + <eos> + <pad>)
-    num_proc: int | None = None  # tokenization processes
+    num_proc: int | None = None  # tokenization processes (pysrc: and its file-reading ones)
     # Token-cache body checksum on open: None = when the cache is <= 1 GiB, True = always, False = never.
     verify_cache: bool | None = None
 

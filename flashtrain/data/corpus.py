@@ -2,10 +2,10 @@
 
 A corpus is a hub dataset (`hub_name`, `hub_config`), local files (`data_files`: .txt / .jsonl /
 .json / .parquet / .csv, globs allowed) read by the `datasets` packaged builders, or `source:
-pysrc` (this Python's standard library, flashtrain/data/pysrc.py). The validation split is the
-source's own (`val_split`), a seeded fraction of the documents (`val_fraction`, `split_seed`), or
-for pysrc a fraction by path hash (with `test_fraction` held out), so it is the same on every run
-and machine.
+pysrc` (this Python's standard library, and with `pysrc_packages` its installed packages' source
+too, flashtrain/data/pysrc.py). The validation split is the source's own (`val_split`), a seeded
+fraction of the documents (`val_fraction`, `split_seed`), or for pysrc a fraction by path hash
+(with `test_fraction` held out), so it is the same on every run and machine.
 """
 
 from __future__ import annotations
@@ -122,17 +122,34 @@ def require_source(cfg: CorpusConfig) -> None:
 
 
 def _pysrc_files(cfg: CorpusConfig) -> list[pysrc.SourceFile]:
-    """The stdlib files of the corpus: all, or those under data.pysrc_under."""
-    files = pysrc.source_files()
+    """The files of the corpus (the stdlib's, and with data.pysrc_packages the installed
+    packages' as "packages/..."): all, or those under data.pysrc_under."""
+    files = pysrc.corpus_files(packages=cfg.pysrc_packages)
     if cfg.pysrc_under:
         prefix = cfg.pysrc_under.strip("/") + "/"
         files = [f for f in files if f.path.startswith(prefix)]
         if not files:
-            raise FileNotFoundError(
-                f"pysrc: no .py files under {pysrc.stdlib_root() / prefix} "
-                f"(data.pysrc_under={cfg.pysrc_under!r} names a stdlib folder, e.g. 'json')"
-            )
+            raise FileNotFoundError(_no_files_under(cfg, prefix))
     return files
+
+
+def _no_files_under(cfg: CorpusConfig, prefix: str) -> str:
+    """Why data.pysrc_under selected nothing, and what it may name."""
+    packages = pysrc.PACKAGES + "/"
+    if prefix.startswith(packages) and not cfg.pysrc_packages:
+        return (
+            f"pysrc: data.pysrc_under={cfg.pysrc_under!r} names a package folder, but the "
+            "installed packages are not in the corpus; set data.pysrc_packages=true"
+        )
+    allowed = "a stdlib folder, e.g. 'json'"
+    if prefix.startswith(packages):
+        roots = ", ".join(map(str, pysrc.package_roots())) or "none found"
+        where = f"{prefix.removeprefix(packages)} in any package root ({roots})"
+    else:
+        where = str(pysrc.stdlib_root() / prefix)
+    if cfg.pysrc_packages:
+        allowed += ", or 'packages/<folder in a package root>', e.g. 'packages/numpy'"
+    return f"pysrc: no .py files under {where} (data.pysrc_under={cfg.pysrc_under!r}: {allowed})"
 
 
 def train_val_splits(cfg: CorpusConfig):
@@ -140,7 +157,11 @@ def train_val_splits(cfg: CorpusConfig):
     pysrc splits by path hash (its test files are left out of both)."""
     if cfg.source == "pysrc":
         splits = pysrc.load_pysrc(
-            None, cfg.val_fraction, cfg.test_fraction, files=_pysrc_files(cfg)
+            None,
+            cfg.val_fraction,
+            cfg.test_fraction,
+            files=_pysrc_files(cfg),
+            num_proc=cfg.num_proc,
         )
         if len(splits["train"]) == 0 or len(splits["validation"]) == 0:
             raise ValueError(
@@ -168,6 +189,8 @@ def source_spec(cfg: CorpusConfig, tokenizer: Tokenizer, eos_policy: str) -> dic
             "under": cfg.pysrc_under,
             "fractions": [float(cfg.val_fraction), float(cfg.test_fraction)],
         }
+        if cfg.pysrc_packages:  # only then: a stdlib-only spec, and its cache name, stay as before
+            source["packages"] = True
     elif cfg.data_files:
         files = {
             key: [

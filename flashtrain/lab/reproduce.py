@@ -94,10 +94,11 @@ def shown(argv: Sequence[str]) -> str:
     words = ["python", *argv[1:]]
     if words[1:3] == ["-m", "torch.distributed.run"]:
         words = ["torchrun", *words[3:]]
-    script = next(i for i, w in enumerate(words) if w.endswith(".py"))
-    path = Path(words[script])
-    if path.is_relative_to(Path.cwd()):
-        words[script] = str(path.relative_to(Path.cwd()))
+    script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
+    if script is not None:  # python -m <module> has none
+        path = Path(words[script])
+        if path.is_relative_to(Path.cwd()):
+            words[script] = str(path.relative_to(Path.cwd()))
     return shlex.join(words)
 
 
@@ -121,7 +122,7 @@ def bench_finished(run_dir: Path) -> bool:
     return any(run_dir.glob(BENCH_GLOB)) or (run_dir / TILE_COUNTS).is_file()
 
 
-def _record_launch(run: Run, plan: ScalePlan, run_dir: Path, argv: list[str]) -> dict:
+def record_launch(run: Run, plan: ScalePlan, run_dir: Path, argv: list[str]) -> dict:
     """Append this launch to the run's reproduce.json (atomic write); returns the entry."""
     path = run_dir / LAUNCH_FILE
     info = json.loads(path.read_text()) if path.is_file() else {"launches": []}
@@ -142,7 +143,7 @@ def _record_launch(run: Run, plan: ScalePlan, run_dir: Path, argv: list[str]) ->
     return info
 
 
-def _finish_launch(run_dir: Path, info: dict, exit_code: int) -> None:
+def finish_launch(run_dir: Path, info: dict, exit_code: int) -> None:
     info["launches"][-1] |= {
         "exit_code": exit_code,
         "ended": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -208,9 +209,9 @@ def execute(
         echo(f"running {run.name}")
         sys.stdout.flush()
         run_dir.mkdir(parents=True, exist_ok=True)
-        info = _record_launch(run, plan, run_dir, argv)
+        info = record_launch(run, plan, run_dir, argv)
         code = subprocess.run(argv, env=child_env()).returncode
-        _finish_launch(run_dir, info, code)
+        finish_launch(run_dir, info, code)
         if code != 0:
             echo(f"{run.name} failed with exit code {code}; see {run_dir}")
             failed.append(run.name)

@@ -25,7 +25,7 @@ from flashtrain.train.metric_names import TRAIN_LOSS
 
 def all_plans():
     for experiment in EXPERIMENT_NAMES:
-        for scale in SCALES:
+        for scale in MATRICES[experiment]:
             for data in MATRICES[experiment][scale].data or [None]:
                 yield plan(experiment, scale, data)
 

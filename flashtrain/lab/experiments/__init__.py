@@ -21,6 +21,9 @@ def plan(experiment: str, scale: str, data: str | None = None) -> ScalePlan:
         raise ValueError(f"unknown experiment '{experiment}'; choose one of {', '.join(MATRICES)}")
     if scale not in SCALES:
         raise ValueError(f"unknown scale '{scale}'; choose one of {', '.join(SCALES)}")
+    if scale not in MATRICES[experiment]:
+        scales = ", ".join(MATRICES[experiment])
+        raise ValueError(f"{experiment} has no scale '{scale}'; its scales: {scales}")
     return plan_from_matrix(experiment, scale, MATRICES[experiment][scale], data)
 
 

@@ -4,8 +4,10 @@ Each experiment is defined once: the settings of its runs live in its YAML prese
 configs/experiment/ (<experiment>/<scale>.yaml, or the paper's own presets such as
 owt/gpt2s-4k), and a matrix names the preset and only what varies between its runs (the points:
 context length, attention) plus the scale's data choices, cost and needs. Scales: `tiny` runs
-on a 2-core CPU in minutes per run, `gpu` in ~20 minutes on one GPU, `paper` is the
-FlashAttention paper's setting (8 GPUs, hours to days; printed, run only on request). Every
+on a 2-core CPU in minutes per run, `gpu-call` (context-length and pathfinder only) in one
+9-minute GPU call with the steps set from measured throughput (scripts/paper_call.py), `gpu` in
+~20 minutes on one GPU, `paper` is the FlashAttention paper's setting (8 GPUs, hours to days;
+printed, run only on request). Every
 train run's preset (or point) sets trainer.max_steps (the driver's "finished" test reads it).
 `{runs}` in an override is the folder of the experiment's runs (for model.init_from chains).
 """
@@ -47,6 +49,20 @@ CONTEXT_LENGTH = {
         cost="2-core CPU: 1-2 minutes per run, 4 runs (pysrc: tokenizing the library once, ~1 "
         "minute)",
         needs="nothing: pysrc is this Python's standard library, synthetic is generated",
+    ),
+    "gpu-call": ScaleMatrix(
+        common=preset("context-length/gpu-call"),
+        # 1K first and its second seed last: the pair measures the seed-to-seed spread that the
+        # longer contexts must beat; scripts/paper_call.py sets every run's steps alike.
+        points=(
+            *context_points((1024, 16384, 4096), micro_tokens=32768),
+            ("ctx1024-seed2", ("seq_len=1024", "micro_batch_size=32", "seed=2")),
+        ),
+        data={"pysrc": ()},
+        default_data="pysrc",
+        cost="one H100/H200 call of 9 minutes with pathfinder (scripts/paper_call.py): ~1 "
+        "minute per run, equal tokens at every context",
+        needs="a CUDA GPU; the hydra and datasets wheels (../shared/gpu/wheels.sh full)",
     ),
     "gpu": ScaleMatrix(
         common=preset("context-length/gpu"),
@@ -94,6 +110,25 @@ PATHFINDER = {
         points=(*_ATTENTIONS, ("flash-memorise64", ("attention=flash", "data.num_samples=80"))),
         cost="2-core CPU: ~4 minutes per run (one thread), after generating 4000 images once",
         needs="nothing: the Pathfinder images are generated (data.num_workers processes)",
+    ),
+    "gpu-call": ScaleMatrix(
+        common=preset("pathfinder/gpu-call"),
+        # Path-X runs only when Pathfinder-32 has left chance and time is left (paper_call.py).
+        points=(
+            ("path32-flash", ()),
+            (
+                "pathx-flash",
+                (
+                    "data=pathx",
+                    "seq_len=16384",
+                    "data.num_samples=20000",
+                    "global_batch_size=64",
+                    "micro_batch_size=32",
+                ),
+            ),
+        ),
+        cost="the rest of the 9-minute call after context-length (scripts/paper_call.py)",
+        needs="a CUDA GPU; images generated on the CPU cores while context-length trains",
     ),
     "gpu": ScaleMatrix(
         common=preset("pathfinder/gpu"),

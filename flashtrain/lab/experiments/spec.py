@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCALES = ("tiny", "gpu", "paper")
+SCALES = ("tiny", "gpu-call", "gpu", "paper")  # gpu-call: context-length and pathfinder
 EXPERIMENT_NAMES = ("context-length", "pathfinder", "speed-memory", "bert")
 
 

@@ -30,7 +30,6 @@ the first launch of each shape it will time, on a thread pool), then measures.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -61,6 +60,7 @@ from flashtrain.lab.gpu_suite.hopper import section_hopper
 from flashtrain.lab.gpu_suite.loss_section import section_loss
 from flashtrain.lab.gpu_suite.record import Section, SectionFailed
 from flashtrain.lab.gpu_suite.suite import Sizes, Suite
+from flashtrain.utils import missing_modules
 
 # The Python modules each section needs beyond torch and triton (the GPU image lacks hydra):
 # a missing one is named at start and fails only the sections that need it.
@@ -71,19 +71,6 @@ PYTEST_JUNIT, PYTEST_LOG = "pytest-junit.xml", "pytest.log"
 ATTENTION_METHODS = ("flashtrain", "sdpa_flash_attention", "sdpa_cudnn_attention")
 # (head_dim, causal) in the order of the targets' value: the issue-12 targets' shapes first
 ATTENTION_ORDER = ((128, False), (64, True), (128, True), (64, False))
-
-
-def missing_modules(names) -> list[str]:
-    """The modules of `names` that cannot be imported here (not installed, or blocked)."""
-    missing = []
-    for name in names:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):  # ValueError: blocked (None in sys.modules)
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
 
 
 def _free_cuda() -> None:
