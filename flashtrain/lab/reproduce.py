@@ -6,8 +6,10 @@
     python scripts/reproduce.py speed-memory --scale tiny
     python scripts/reproduce.py bert --scale paper                        # prints; --run starts
 
-Scales: tiny (a 2-core CPU, minutes per run), gpu (~20 minutes on one GPU), paper (the paper's
-setting, hours to days on 8 GPUs: printed with its documented cost, run only with --run).
+Scales: tiny (a 2-core CPU, minutes per run), gpu-call (context-length and pathfinder: the
+presets' standalone steps here; scripts/paper_call.py runs both in one 9-minute GPU call with
+steps from measured throughput), gpu (~20 minutes on one GPU), paper (the paper's setting, hours
+to days on 8 GPUs: printed with its documented cost, run only with --run).
 Each run is an ordinary train.py run (its command is printed) in <out>/runs/<name> with
 trainer.resume=auto: run the same command again to continue; finished runs are skipped.
 At the end <out>/<experiment>.md and its plots are written (scripts/report.py).

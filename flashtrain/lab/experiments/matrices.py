@@ -7,8 +7,8 @@ context length, attention) plus the scale's data choices, cost and needs. Scales
 on a 2-core CPU in minutes per run, `gpu-call` (context-length and pathfinder only) in one
 9-minute GPU call with the steps set from measured throughput (scripts/paper_call.py), `gpu` in
 ~20 minutes on one GPU, `paper` is the FlashAttention paper's setting (8 GPUs, hours to days;
-printed, run only on request). Every
-train run's preset (or point) sets trainer.max_steps (the driver's "finished" test reads it).
+printed, run only on request). Every train run's preset (or point) sets trainer.max_steps (the
+driver's "finished" test reads it).
 `{runs}` in an override is the folder of the experiment's runs (for model.init_from chains).
 """
 
