@@ -464,8 +464,6 @@ def run_call(settings: CallSettings, out_dir: Path, work_dir: Path, budget_s: fl
     except CallStopped as stopped:
         call.phase("call", str(stopped))
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if images is not None:
             images.stop()
             images.thread.join(timeout=settings.grace_s + 5)
@@ -473,6 +471,10 @@ def run_call(settings: CallSettings, out_dir: Path, work_dir: Path, budget_s: fl
         call.stop_children("the call ends")
         write_report(call)
         call.log.close()
+        # only now: a second signal while the children stop and the report is written must
+        # not interrupt them (it only repeats the stop)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0 if report.all_done(call.record) else 1
 
 

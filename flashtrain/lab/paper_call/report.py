@@ -99,14 +99,16 @@ def _context_section(record: dict) -> list[str]:
                      fmt(e.get("loss"), 4), fmt(e.get("bits_per_byte"), 4),
                      fmt(gain.get("gain"), 4), r.get("stopped") or f"exit {r['exit_code']}"])  # fmt: skip
     header = ["context", "seed", "run", "steps", "tokens seen", "train s", "tokens/s",
-              "held-out loss (nats/byte)", "bits/byte", "gain over 1K mean", "end"]  # fmt: skip
+              "held-out loss (nats/token)", "bits/byte",
+              "gain over the shortest context (its seeds' mean)", "end"]  # fmt: skip
     lines.append(table(header, rows))
     evaluation = next((r["evaluation"] for r in runs if r.get("evaluation")), None)
     if evaluation:
         e = evaluation["lengths"][0]
-        lines.append(f"Held-out: the leading {e['tokens']:,} scored tokens (about) of the "
-                     f"validation split ({evaluation['data']['name']}: files no run trained on), "
-                     "the same span at every context, non-overlapping windows.\n")  # fmt: skip
+        lines.append(f"Held-out: about {e['tokens']:,} scored tokens at every context, the "
+                     f"same leading span of the validation split ({evaluation['data']['name']}: "
+                     "files no run trained on), in non-overlapping windows; a token is a byte "
+                     "or a file's end.\n")  # fmt: skip
     if verdict["spread"] is not None:
         lines.append(f"Seed-to-seed spread at the shortest context: {verdict['spread']:.4f} nats "
                      f"(mean {verdict['short_mean']:.4f}).\n")  # fmt: skip
@@ -125,6 +127,7 @@ def context_figure(runs: list[dict]):
     """Loss by token position per run (log x), and held-out loss vs context."""
     fig, (by_position, by_context) = plots.panels(2, width=6.0)
     series, xs, ys = {}, [], []
+    runs = sorted(runs, key=lambda r: (r["seq_len"], r.get("seed", 0)))  # colours follow context
     for i, r in enumerate(runs):
         e = evaluated(r)
         if e is None:
@@ -137,11 +140,11 @@ def context_figure(runs: list[dict]):
         xs.append(r["seq_len"])
         ys.append(e["loss"])
     plots.curves(by_position, series, title="held-out loss by token position",
-                 xlabel="position in the window", ylabel="loss (nats/byte)", logx=True,
+                 xlabel="position in the window", ylabel="loss (nats/token)", logx=True,
                  marker="o")  # fmt: skip
     plots.curves(by_context, {"runs": (xs, ys, {"linestyle": "none"})},
                  title="held-out loss vs context (equal tokens)", xlabel="context length",
-                 ylabel="loss (nats/byte)", logx=True, marker="o")  # fmt: skip
+                 ylabel="loss (nats/token)", logx=True, marker="o")  # fmt: skip
     return fig
 
 
