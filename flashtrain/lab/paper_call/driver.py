@@ -113,12 +113,19 @@ class Call:
         self.running.append(child)
         return child
 
-    def finish(self, child: Child, timeout_s: float | None) -> ChildResult:
+    def wait_for(self, child: Child, timeout_s: float | None) -> ChildResult:
+        """Wait for a child (stopping it at timeout_s) and record its command and outcome."""
         result = child.wait(timeout_s, self.settings.grace_s)
-        self.running.remove(child)
+        if child in self.running:
+            self.running.remove(child)
         entry = {"tag": child.tag, "command": result.command, "exit_code": result.exit_code,
                  "seconds": round(result.seconds, 1), "stopped": result.stopped}  # fmt: skip
         self.record["commands"].append(entry)
+        return result
+
+    def finish(self, child: Child, timeout_s: float | None) -> ChildResult:
+        """wait_for, then call.json saved; CallStopped when the call was stopped meanwhile."""
+        result = self.wait_for(child, timeout_s)
         self.save()
         if self.stop_reason:
             raise CallStopped(self.stop_reason)
@@ -175,18 +182,7 @@ class Images:
                 self.child = self.call.start(argv, f"images {name}")
             except CallStopped:
                 return
-            result = self.child.wait(None, self.call.settings.grace_s)
-            if self.child in self.call.running:
-                self.call.running.remove(self.child)
-            self.call.record["commands"].append(
-                {
-                    "tag": f"images {name}",
-                    "command": result.command,
-                    "seconds": round(result.seconds, 1),
-                    "exit_code": result.exit_code,
-                    "stopped": result.stopped,
-                }  # fmt: skip
-            )
+            result = self.call.wait_for(self.child, None)
             self.ok[name] = result.ok()
             self.done[name].set()
             if not result.ok():
