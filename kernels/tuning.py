@@ -173,13 +173,15 @@ def ws_forward_shared_bytes(cfg: TileConfig, element_size: int) -> int:
 
 def ws_backward_shared_bytes(cfg: TileConfig, element_size: int) -> int:
     """Shared memory of the warp-specialized backward (kernels/hopper/flash_bwd_ws.py): K and V
-    held; a ring of num_stages (Q, dO, lse, delta) slots; two dS^T buffers; the float32 dQ
-    staging tile; the query-column table and the barriers; plus ~1 KiB of the compiler's own
+    held; a ring of num_stages (Q, dO, lse, delta) slots; two pairs of dS^T halves; each
+    consumer warpgroup's float32 staging tile of half the dQ tile's columns; per warpgroup the
+    offset table and its keys' score terms; the barriers; plus ~1 KiB of the compiler's own
     (reduction scratch, the partitions' captured values). Within 0.5% above the sm_90 cubins of
     Triton 3.6 and 3.9 (tests/attention/test_hopper_bwd_compile.py)."""
     d, m, n, stages = cfg.block_d, cfg.block_m, cfg.block_n, max(cfg.num_stages, 1)
     tiles = (2 * n + 2 * stages * m) * d + 2 * n * m  # K, V, the Q / dO ring, dS^T x 2
-    return tiles * element_size + m * d * 4 + stages * m * 8 + m * 4 + 1024
+    tables = 2 * m * 4 + n * 4  # the offset tables, the score terms (int32, float32)
+    return tiles * element_size + m * d * 4 + stages * m * 8 + tables + 1024
 
 
 def step_down(kind: str, cfg: TileConfig) -> TileConfig | None:

@@ -10,29 +10,32 @@ it, the mirror's gradients or its protocol check. What the mirror restates rathe
 the kernel's arithmetic inside a tile, line for line:
 
     per program: the key tile [n0, n0 + 128) of kv head h_kv, rows past the sequence zero (the
-                 descriptors zero-fill them); K's non-finite entries zeroed, a NaN score term on
-                 the keys that had one
+                 descriptors zero-fill them), held as two 64-key halves; each half's
+                 non-finite entries zeroed, a NaN score term on the keys that had one
     per item:    the query tile [start_m, start_m + block_m) of head h (zero past the sequence),
                  its lse and delta read flat (rows past the sequence read the next ones);
                  consumer warpgroup w owns keys [64w, 64w + 64):
-                     S^T = K_w Q^T; P^T = exp2(S^T scale log2e - lse log2e); masked tiles keep
-                     P where the band allows and the row exists; dV_w += P^T dO;
-                     dP^T = V_w dO^T; dS^T = P^T (dP^T - delta), 0 where P is on masked tiles;
-                     dK_w += dS^T Q; dS^T into buffer ds_buffer
-                 dQ tile = dS K (the 128 keys), split between the warpgroups as the kernel's
-                 accumulator layout splits it, added into a float32 accumulator in item order
-                 (rows past the sequence dropped), as one tile (bulk) or in (8, 32) chunks (atomic)
+                     S^T = K_w Q^T - lse / scale (the accumulator starts there);
+                     P^T = exp2(S^T scale log2e); masked tiles keep P where the band allows and
+                     the row exists; dV_w += P^T dO; dP^T = V_w dO^T - delta (likewise);
+                     dS^T = P^T dP^T, 0 where P is on masked tiles; dK_w += dS^T Q; dS^T into
+                     half w of the item's pair of buffers (ds_pair)
+                 then warpgroup w's columns [w D/2, (w + 1) D/2) of the dQ tile = dS K[:, cols]
+                 over the 128 keys (both halves of dS^T, both of K), added into a float32
+                 accumulator in item order (rows past the sequence dropped), as one slice
+                 (bulk) or in (8, 32) chunks (atomic)
     epilogue:    dK * scale and dV written for the key rows that exist; then dQ = scale * acc.
 
 Products round their operands to the inputs' dtype where the kernel does (P and dS to the
 input dtype before their products) and accumulate in float64: with float64 inputs the mirror is
 exact, so a test against the float64 definition sees any index error far above rounding.
 
-`simulate_protocol` plays one program's three partitions (loader, consumers, dQ writer) against
-each other with the kernel's mbarrier waits and arrivals, in a random order of a seed, with
-mbarriers that behave as the hardware's (phase parity, arrival counts, TMA transfer bytes) and
-buffers that remember which item they hold: a deadlock, a slot overwritten while in use, or an
-item reading another item's data raises ProtocolError.
+`simulate_protocol` plays one program's four partitions (the loader, consumer warpgroups 0 and
+1, the dQ writer) against each other with the kernel's mbarrier waits and arrivals, in a random
+order of a seed, with mbarriers that behave as the hardware's (phase parity, arrival counts, TMA
+transfer bytes), buffers that remember which item they hold, and the dQ products in flight
+between their issue and the wait that retires them: a deadlock, a buffer overwritten while a
+partition still needs it, or an item reading another item's data raises ProtocolError.
 """
 
 from __future__ import annotations
@@ -63,8 +66,9 @@ class Item:
     masked: bool
     slot: int  # its slot of the Q / dO / lse / delta ring
     parity: int  # the phase parity it completes on that slot's barriers
-    staged_parity: int  # the phase parity of the dQ staging tile's barriers
-    ds_buffer: int  # which of the two dS^T buffers it writes
+    staged_parity: int  # the phase parity of each warpgroup's dQ staging tile's barriers
+    ds_pair: int  # which pair of dS^T buffers its two halves go to
+    pair_parity: int  # the phase parity it completes on that pair's ds_ready
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def _program(rows: list[list[int]]) -> Program:
     n_tiles = head["start_m"]  # the header's n_tiles column
     items = tuple(
         Item(r["item"], r["head"], r["start_m"], bool(r["masked"]), r["slot"], r["parity"],
-             r["staged_parity"], r["ds_buffer"])
+             r["staged_parity"], r["ds_pair"], r["pair_parity"])
         for r in named[1:] if r["item"] >= 0
     )  # fmt: skip
     return Program(head["b"], head["h_kv"], head["n0"], head["q_start"], head["seqlen_q"],
@@ -143,12 +147,6 @@ def _flat(stats: torch.Tensor, at: int, count: int) -> torch.Tensor:
     if have:
         out[:have] = flat[at : at + have].double()
     return out
-
-
-def _dq_split(block_m: int) -> str:
-    """How the kernel's dQ accumulator layout splits a (block_m, head_dim) tile between its two
-    warpgroups: by rows while each keeps >= 64 of them, else by columns (_acc_layout)."""
-    return "rows" if block_m >= 2 * HALF else "columns"
 
 
 def mirror_backward(q4, k4, v4, do4, lse, delta, programs: list[Program], *,
@@ -188,9 +186,10 @@ def _program_tiles(prog: Program, q4, k4, v4, do4, lse, delta, lse_strides, dq_a
                    scale_log2, right, block_m, dq_adds):  # fmt: skip
     """One program: its dK and dV tiles (128, head_dim) in float64; adds its dQ tiles."""
     head_dim = q4.shape[-1]
+    scale = scale_log2 / math.log2(math.e)
     k = _rows(k4, prog.b, prog.k_start, prog.seqlen_k, prog.n0, BLOCK_N, prog.h_kv).double()
     v = _rows(v4, prog.b, prog.k_start, prog.seqlen_k, prog.n0, BLOCK_N, prog.h_kv).double()
-    finite = torch.isfinite(k)  # the consumers clean K in shared memory once
+    finite = torch.isfinite(k)  # each consumer cleans its half of K in shared memory once
     key_bad = ~finite.all(dim=1)
     k = torch.where(finite, k, torch.zeros((), dtype=k.dtype))
     key_term = torch.where(key_bad, float("nan"), 0.0).double()
@@ -198,70 +197,60 @@ def _program_tiles(prog: Program, q4, k4, v4, do4, lse, delta, lse_strides, dq_a
     diag = prog.seqlen_k - prog.seqlen_q
     dk_tile = torch.zeros(BLOCK_N, head_dim, dtype=torch.float64)
     dv_tile = torch.zeros(BLOCK_N, head_dim, dtype=torch.float64)
-    ds_buffers = [torch.zeros(BLOCK_N, block_m, dtype=torch.float64) for _ in range(2)]
+    # the two pairs of dS^T buffers, a 64-key half from each warpgroup: [pair][w]
+    ds_buffers = [[torch.zeros(HALF, block_m, dtype=torch.float64) for _ in range(2)]
+                  for _ in range(2)]  # fmt: skip
     for item in prog.items:
         q = _rows(q4, prog.b, prog.q_start, prog.seqlen_q, item.start_m, block_m, item.head)
         do = _rows(do4, prog.b, prog.q_start, prog.seqlen_q, item.start_m, block_m, item.head)
         at = prog.b * lse_strides[0] + item.head * lse_strides[1] + prog.q_start + item.start_m
         lse_t = _flat(lse, at, block_m)
-        lse_t = torch.where(lse_t == float("-inf"), float("inf"), lse_t) * math.log2(math.e)
+        lse_t = torch.where(lse_t == float("-inf"), float("inf"), lse_t) / scale
         delta_t = _flat(delta, at, block_m)
         offs_m = item.start_m + torch.arange(block_m)
-        seen = ((offs_n[:, None] < prog.seqlen_k) & (offs_n[:, None] <= offs_m[None, :] + diag + right)
+        seen = ((offs_n[:, None] < prog.seqlen_k)
+                & (offs_n[:, None] <= offs_m[None, :] + diag + right)
                 & (offs_m[None, :] < prog.seqlen_q))  # fmt: skip
         for w in range(BLOCK_N // HALF):  # the two consumer warpgroups
             keys = slice(w * HALF, (w + 1) * HALF)
-            s_t = _product(k[keys], q.T, dtype)  # (64, block_m)
+            s_t = _product(k[keys], q.T, dtype) - lse_t[None, :]  # (64, block_m)
             if bool(key_bad.any()):
                 s_t = s_t + key_term[keys, None]
-            p_t = torch.exp2(s_t * scale_log2 - lse_t[None, :])
+            p_t = torch.exp2(s_t * scale_log2)
             if item.masked:
                 p_t = torch.where(seen[keys], p_t, 0.0)
             dv_tile[keys] += _product(p_t, do, dtype)
-            dp_t = _product(v[keys], do.T, dtype)
-            ds_t = p_t * (dp_t - delta_t[None, :])
+            dp_t = _product(v[keys], do.T, dtype) - delta_t[None, :]
+            ds_t = p_t * dp_t
             if item.masked:
                 ds_t = torch.where(p_t == 0.0, 0.0, ds_t)
             ds_t = ds_t.to(dtype).double()
             dk_tile[keys] += _product(ds_t, q, dtype)
-            ds_buffers[item.ds_buffer][keys] = ds_t
-        dq_tile = _dq_tile(ds_buffers[item.ds_buffer], k, dtype, block_m)
-        _add_dq(dq_acc, dq_tile, prog, item, dq_adds)
+            ds_buffers[item.ds_pair][w] = ds_t
+        for w in range(2):  # each warpgroup's columns of the dQ tile, from both halves
+            cols = slice(w * head_dim // 2, (w + 1) * head_dim // 2)
+            tile = sum(_product(ds_buffers[item.ds_pair][h].T, k[h * HALF : (h + 1) * HALF, cols],
+                                dtype) for h in range(2))  # fmt: skip
+            _add_dq(dq_acc, tile.float().double(), prog, item, cols, dq_adds)  # staged float32
     return dk_tile, dv_tile
 
 
-def _dq_tile(ds_t: torch.Tensor, k: torch.Tensor, dtype, block_m: int) -> torch.Tensor:
-    """dQ tile = dS K (block_m, head_dim) from both warpgroups' dS^T halves, each warpgroup its
-    share of the output as the accumulator layout assigns it."""
-    head_dim = k.shape[-1]
-    tile = torch.empty(block_m, head_dim, dtype=torch.float64)
-    if _dq_split(block_m) == "rows":
-        for w in range(2):
-            rows = slice(w * block_m // 2, (w + 1) * block_m // 2)
-            tile[rows] = _product(ds_t.T[rows], k, dtype)
-    else:
-        for w in range(2):
-            cols = slice(w * head_dim // 2, (w + 1) * head_dim // 2)
-            tile[:, cols] = _product(ds_t.T, k[:, cols], dtype)
-    return tile.float().double()  # the staging tile is float32
-
-
-def _add_dq(dq_acc, tile, prog: Program, item: Item, dq_adds: str) -> None:
-    """The dQ writer: the tile's rows that exist added into the accumulator, whole (a bulk
-    reduce-add drops rows past the sequence) or in (8, 32) chunks masked the same way."""
-    block_m, head_dim = tile.shape
+def _add_dq(dq_acc, tile, prog: Program, item: Item, cols: slice, dq_adds: str) -> None:
+    """The dQ writer: one warpgroup's columns `cols` of the tile, the rows that exist added
+    into the accumulator, whole (a bulk reduce-add drops rows past the sequence) or in (8, 32)
+    chunks masked the same way."""
+    block_m, width = tile.shape
     first = prog.q_start + item.start_m
     keep = max(0, min(block_m, prog.seqlen_q - item.start_m))
+    target = dq_acc[prog.b, first : first + keep, item.head, cols]
     if dq_adds == "bulk":
-        dq_acc[prog.b, first : first + keep, item.head] += tile[:keep]
+        target += tile[:keep]
         return
-    rows, cols = DQ_CHUNK
+    rows, chunk = DQ_CHUNK
     for r in range(0, block_m, rows):
         have = max(0, min(rows, keep - r))
-        for c in range(0, head_dim, cols):
-            dq_acc[prog.b, first + r : first + r + have, item.head, c : c + cols] += tile[
-                r : r + have, c : c + cols
-            ]
+        for c in range(0, width, chunk):
+            target[r : r + have, c : c + chunk] += tile[r : r + have, c : c + chunk]
 
 
 # ------------------------------------------------------------------ the protocol
@@ -305,73 +294,122 @@ class MBarrier:
 
 @dataclass(frozen=True)
 class Rules:
-    """The parities the kernel's partitions wait with, as functions of an item's table row:
-    the kernel's rules by default; a test plants a wrong one to see the simulation fail."""
+    """The parities the kernel's partitions wait with, as functions of an item's table row, and
+    the kernel's orderings: the kernel's by default; a test plants a wrong one to see the
+    simulation fail. A parity of None skips that wait."""
 
-    loader_slot_free: Callable[[Item], int] = lambda item: item.parity ^ 1
-    consumer_slot_ready: Callable[[Item], int] = lambda item: item.parity
-    consumer_staging_free: Callable[[Item], int] = lambda item: item.staged_parity ^ 1
-    writer_staging_ready: Callable[[Item], int] = lambda item: item.staged_parity
+    loader_slot_free: Callable[[Item], int | None] = lambda item: item.parity ^ 1
+    consumer_slot_ready: Callable[[Item], int | None] = lambda item: item.parity
+    ds_pair: Callable[[Item], int] = lambda item: item.ds_pair  # the dS^T pair it writes
+    consumer_ds_ready: Callable[[Item], int | None] = lambda item: item.pair_parity
+    consumer_staging_free: Callable[[Item], int | None] = lambda item: item.staged_parity ^ 1
+    writer_staging_ready: Callable[[Item], int | None] = lambda item: item.staged_parity
+    keys_done_waited: bool = True  # dK overwrites K's half only once both are done with K
+    slot_after_products: bool = True  # a slot released only once the item's products retired
+
+
+class _Buffer:
+    """A shared-memory buffer: the tag of what it holds and the products reading it now."""
+
+    def __init__(self, name: str):
+        self.name, self.holds, self.readers = name, None, 0
+
+    def write(self, tag, by: str) -> None:
+        if self.readers:
+            raise ProtocolError(f"{by} overwrote {self.name} (holding {self.holds}) while "
+                                f"{self.readers} product(s) read it")  # fmt: skip
+        self.holds = tag
+
+    def read(self, tag, by: str) -> None:
+        if self.holds != tag:
+            raise ProtocolError(f"{by} read {self.name} for {tag}: it holds {self.holds}")
 
 
 def simulate_protocol(prog: Program, stages: int, seed: int, rules: Rules = Rules()) -> int:
     """Play one program's partitions in a random order (seeded); the steps taken. Raises
     ProtocolError on a deadlock or a buffer used out of turn."""
-    kv_ready = MBarrier("kv_ready")
+    kv_ready, keys_done = MBarrier("kv_ready"), MBarrier("keys_done", 2)
     q_ready = [MBarrier(f"q_ready[{s}]") for s in range(stages)]
-    q_empty = [MBarrier(f"q_empty[{s}]") for s in range(stages)]
-    dq_ready, dq_empty = MBarrier("dq_ready"), MBarrier("dq_empty")
-    slots: list[int | None] = [None] * stages  # the item whose Q / dO a slot holds
-    in_use: list[int | None] = [None] * stages  # the item the consumers read from a slot
-    staging: list[int | None] = [None]  # the item whose dQ tile the staging buffer holds
+    q_empty = [MBarrier(f"q_empty[{s}]", 2) for s in range(stages)]  # both consumers
+    ds_ready = [MBarrier(f"ds_ready[{p}]", 2) for p in range(2)]
+    dq_ready = [MBarrier(f"dq_ready[{w}]") for w in range(2)]
+    dq_empty = [MBarrier(f"dq_empty[{w}]") for w in range(2)]
+    slots = [_Buffer(f"Q / dO slot {s}") for s in range(stages)]
+    in_use = [0] * stages  # consumers whose products may still read a slot
+    k_halves = [_Buffer(f"K half {w}") for w in range(2)]
+    ds = [[_Buffer(f"dS^T pair {p} half {w}") for w in range(2)] for p in range(2)]
+    staging = [_Buffer(f"dQ staging {w}") for w in range(2)]
     in_flight: list[tuple[int, int]] = []  # (slot, item) of TMA copies not yet landed
+
+    def wait(bar: MBarrier, parity: int | None) -> Iterator[Callable[[], bool]]:
+        if parity is not None:
+            yield lambda: bar.passes(parity)
 
     def loader() -> Iterator[Callable[[], bool]]:
         kv_ready.expect(1)
-        in_flight.append((-1, -1))  # K and V
+        in_flight.append((-1, -1))  # K and V, both halves
         for item in prog.items:
-            yield lambda item=item: q_empty[item.slot].passes(rules.loader_slot_free(item))
-            if in_use[item.slot] is not None:
-                raise ProtocolError(f"the loader overwrote slot {item.slot} while item "
-                                    f"{in_use[item.slot]} was in use (item {item.it})")  # fmt: skip
+            yield from wait(q_empty[item.slot], rules.loader_slot_free(item))
+            if in_use[item.slot]:
+                raise ProtocolError(f"the loader overwrote slot {item.slot} while "
+                                    f"{in_use[item.slot]} consumer(s) read it (item {item.it})")  # fmt: skip
+            slots[item.slot].holds = None  # undefined until the copy lands
             q_ready[item.slot].expect(1)
             in_flight.append((item.slot, item.it))
 
-    def consumers() -> Iterator[Callable[[], bool]]:
+    def consumer(w: int) -> Iterator[Callable[[], bool]]:
+        by = f"consumer {w}"
         yield lambda: kv_ready.passes(0)
+        k_halves[w].write(("K", w, "cleaned"), by)  # its half of K cleaned in place
         for item in prog.items:
-            yield lambda item=item: q_ready[item.slot].passes(rules.consumer_slot_ready(item))
-            if slots[item.slot] != item.it:
-                raise ProtocolError(f"item {item.it} read slot {item.slot} holding item "
-                                    f"{slots[item.slot]}")  # fmt: skip
-            in_use[item.slot] = item.it
-            yield lambda item=item: dq_empty.passes(rules.consumer_staging_free(item))
-            if staging[0] is not None:
-                raise ProtocolError(f"item {item.it} overwrote the dQ staging tile of item "
-                                    f"{staging[0]} before the writer added it")  # fmt: skip
-            staging[0] = item.it
-            in_use[item.slot] = None
-            q_empty[item.slot].arrive()
-            dq_ready.arrive()
+            yield from wait(q_ready[item.slot], rules.consumer_slot_ready(item))
+            slots[item.slot].read(("Q", item.it), by)
+            in_use[item.slot] += 1  # S^T, dP^T, dV, dK read Q and dO until the item's drain
+            pair = ds[rules.ds_pair(item)]
+            pair[w].write(("dS", item.it), by)
+            ds_ready[rules.ds_pair(item)].arrive()
+            if not rules.slot_after_products:  # the planted bug: released with dK in flight
+                q_empty[item.slot].arrive()
+            yield from wait(ds_ready[rules.ds_pair(item)], rules.consumer_ds_ready(item))
+            # dQ's two products read both halves of the pair and both halves of K
+            reads = [(pair[h], ("dS", item.it)) for h in range(2)]
+            reads += [(k_halves[h], ("K", h, "cleaned")) for h in range(2)]
+            for buf, tag in reads:
+                buf.read(tag, by)
+                buf.readers += 1
+            yield lambda: True  # the products run: the others may move meanwhile
+            for buf, _ in reads:  # wait(0): dK and dQ retired
+                buf.readers -= 1
+            in_use[item.slot] -= 1
+            yield from wait(dq_empty[w], rules.consumer_staging_free(item))
+            staging[w].write(("dQ", item.it), by)
+            dq_ready[w].arrive()
+            if rules.slot_after_products:
+                q_empty[item.slot].arrive()
+        keys_done.arrive()
+        if rules.keys_done_waited:
+            yield lambda: keys_done.passes(0)
+        k_halves[w].write(("dK", w), by)
 
     def writer() -> Iterator[Callable[[], bool]]:
         for item in prog.items:
-            yield lambda item=item: dq_ready.passes(rules.writer_staging_ready(item))
-            if staging[0] != item.it:
-                raise ProtocolError(f"the dQ writer took item {staging[0]} as item {item.it}")
-            staging[0] = None
-            dq_empty.arrive()
+            for w in range(2):
+                yield from wait(dq_ready[w], rules.writer_staging_ready(item))
+                staging[w].read(("dQ", item.it), "the dQ writer")
+                staging[w].holds = None  # added: the consumer may stage its next tile
+                dq_empty[w].arrive()
 
     def land(index: int) -> None:
         slot, it = in_flight.pop(index)
         if slot < 0:
             kv_ready.landed()
         else:
-            slots[slot] = it
+            slots[slot].holds = ("Q", it)
             q_ready[slot].landed()
 
     rng = random.Random(seed)
-    actors = {"loader": loader(), "consumers": consumers(), "writer": writer()}
+    actors = {"loader": loader(), "consumer 0": consumer(0), "consumer 1": consumer(1),
+              "writer": writer()}  # fmt: skip
     waiting: dict[str, Callable[[], bool]] = {name: (lambda: True) for name in actors}
     steps = 0
     while actors or in_flight:

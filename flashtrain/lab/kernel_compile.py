@@ -34,6 +34,9 @@ line carries the launch's block_m / block_n and the compile facts:
     per-warp ones), main_loop (SASS instructions of the steady-state loop: the shortest
     innermost loop that holds tensor-core instructions, i.e. the unmasked visit-plan segment),
     loop_spills (local-memory loads and stores, SASS LDL / STL, inside that loop),
+    loop_waits / loop_drains (the PTX's wgmma.wait_group on an iteration of the innermost loop
+    that issues wgmma, and those with a count of 0: each drains the warpgroup's tensor-core
+    work; flashtrain/lab/ptx_waits.py),
     adds ("bulk": float32 adds by TMA bulk reduce-add, "atomic": per-element, "": none).
 A kernel compiled before in the same run (same binary) is reported once. --markdown writes the
 facts as a table. Compile-time facts, not a measurement: nothing here ran on a GPU. Run it
@@ -66,10 +69,11 @@ from flashtrain.kernels.flash_decode import flash_decode
 from flashtrain.kernels.flash_fwd import flash_forward
 from flashtrain.kernels.hopper.route import FWD_STAGES, ws_backward_config, ws_forward_config
 from flashtrain.kernels.tuning import TileConfig
+from flashtrain.lab import ptx_waits
 
 FACT_COLUMNS = ("block_m", "block_n", "registers", "spill", "shared", "warps", "warp_specialized",
                 "partitions", "setmaxnreg", "stages", "loads", "adds", "wgmma", "mma_sync",
-                "main_loop", "loop_spills")  # fmt: skip
+                "main_loop", "loop_spills", "loop_waits", "loop_drains")  # fmt: skip
 
 
 class _FrontEndDone(Exception):
@@ -188,7 +192,10 @@ def sass_facts(sass: str) -> dict:
         for lo, hi in innermost
         if any(op.startswith(("HGMMA", "HMMA")) for _, op, _ in insts[lo : hi + 1])
     ]  # fmt: skip
-    main_loop, loop_spills = min(tensor_core, default=(0, 0))
+    # the steady state's length: the shortest such loop; its spills: the most of any (each
+    # partition has its own loop, and one at fewer registers may spill where another does not)
+    main_loop = min((n for n, _ in tensor_core), default=0)
+    loop_spills = max((spills for _, spills in tensor_core), default=0)
     return dict(wgmma=wgmma, mma_sync=mma_sync, main_loop=main_loop, loop_spills=loop_spills)
 
 
@@ -233,6 +240,7 @@ def kernel_facts(kernel) -> dict:
         stages=kernel.metadata.num_stages,
         loads="tma" if "cp.async.bulk.tensor" in kernel.asm["ptx"] else "pointer",
         **ptx_facts(kernel.asm["ptx"]),
+        **ptx_waits.loop_waits(kernel.asm["ptx"]),
         **sass_facts(_cuobjdump(kernel, "-sass")),
     )
 
@@ -454,9 +462,9 @@ def _ws_backward(config: TileConfig, run_backward=None, **launch):
 def hopper_launches(run_backward=None):
     """(tag, launch) of the warp-specialized Gluon backward (issue 43; kernels/hopper): fp16 and
     bf16 x head_dim 64 and 128 x causal or not, then grouped-query (two query heads per kv
-    head) and packed sequences, and at d64 the sweep's other tiles (3 ring stages, 128-row
-    query tiles: kernels/hopper/route.py TILES) (the forward and the
-    preprocess are the defaults: a binary met before is not repeated). run_backward: attention's."""
+    head) and packed sequences, and at d64 the sweep's other tile (3 ring stages:
+    kernels/hopper/route.py TILES) (the forward and the preprocess are the defaults: a binary
+    met before is not repeated). run_backward: attention's."""
     default = ws_backward_config()
     for dtype in (torch.bfloat16, torch.float16):
         name = "bf16" if dtype == torch.bfloat16 else "fp16"
@@ -474,9 +482,6 @@ def hopper_launches(run_backward=None):
             varlen=True)  # fmt: skip
     yield "ws-bwd bf16 d64 causal 3 stages", functools.partial(
         _ws_backward, ws_backward_config(stages=3), run_backward, head_dim=64,
-        dtype=torch.bfloat16)  # fmt: skip
-    yield "ws-bwd bf16 d64 causal 128-row query tiles", functools.partial(
-        _ws_backward, ws_backward_config(block_m=128), run_backward, head_dim=64,
         dtype=torch.bfloat16)  # fmt: skip
 
 
@@ -590,8 +595,11 @@ def markdown_report(lines: list[dict], arch: int, launch_set: str) -> str:
         "pipeline stages, loads (`tma`: tensor-descriptor bulk copies in the PTX; `pointer`), "
         "wgmma / mma_sync (SASS HGMMA / HMMA instructions), main_loop (SASS instructions of "
         "the shortest innermost loop with tensor-core work: the unmasked steady state), "
-        "loop_spills (SASS LDL / STL in that loop: the spills that cost on every tile). A "
-        "binary met before in the run is not repeated" + SET_NOTES.get(launch_set, "."),
+        "loop_spills (SASS LDL / STL in that loop: the spills that cost on every tile; the most "
+        "of any partition's), loop_waits / loop_drains (the PTX's wgmma.wait_group on an "
+        "iteration of the innermost loop that issues wgmma, and those with a count of 0, each "
+        "draining the warpgroup's products: flashtrain/lab/ptx_waits.py). A binary met before "
+        "in the run is not repeated" + SET_NOTES.get(launch_set, "."),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

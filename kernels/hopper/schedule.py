@@ -103,7 +103,7 @@ def ring_slot(it, STAGES: tl.constexpr):
 # item = -1 and its n_tiles in the start_m column.
 PROBE_COLUMNS = ("b", "h_kv", "n0", "q_start", "seqlen_q", "k_start", "seqlen_k", "item",
                  "head", "start_m", "masked", "slot", "parity", "staged_parity",
-                 "ds_buffer")  # fmt: skip
+                 "ds_pair", "pair_parity")  # fmt: skip
 
 
 @triton.jit
@@ -127,16 +127,16 @@ def schedule_probe_kernel(
     bounds, n_masked, n_tiles = key_tile_plan(n0, seqlen_q, seqlen_k, band, BLOCK_M, BLOCK_N)
     n_tiles = tl.where(n0 >= seqlen_k, -1, n_tiles)
     header = (b, h_kv, n0, q_start, seqlen_q, k_start, seqlen_k, -1, -1, n_tiles, -1, -1, -1,
-              -1, -1)
+              -1, -1, -1)
     for c in tl.static_range(COLUMNS):
         tl.store(base + c, header[c])
     for it in range(GROUP * tl.maximum(n_tiles, 0)):
         g, t = item_tile(it, n_tiles)
         start_m, masked = plan_tile(bounds, n_masked, t, BLOCK_M)
         slot, parity = ring_slot(it, STAGES)  # the Q / dO / lse / delta ring
-        _, staged_parity = ring_slot(it, 1)  # the dQ staging tile
-        ds_buffer, _ = ring_slot(it, 2)  # the two dS^T buffers
+        _, staged_parity = ring_slot(it, 1)  # each warpgroup's dQ staging tile
+        ds_pair, pair_parity = ring_slot(it, 2)  # the dS^T pair and its ds_ready phase
         row = (b, h_kv, n0, q_start, seqlen_q, k_start, seqlen_k, it, h_kv * GROUP + g,
-               start_m, masked.to(tl.int32), slot, parity, staged_parity, ds_buffer)
+               start_m, masked.to(tl.int32), slot, parity, staged_parity, ds_pair, pair_parity)
         for c in tl.static_range(COLUMNS):
             tl.store(base + (it + 1) * COLUMNS + c, row[c])

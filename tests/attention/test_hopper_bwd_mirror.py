@@ -3,7 +3,8 @@ its PyTorch mirror (flashtrain/lab/hopper_bwd_mirror.py), driven by the table th
 schedule functions write under the interpreter (kernels/hopper/schedule.py), against the
 float64 definition at odd sizes, grouped-query and packed sequences; its protocol (the
 partitions' mbarrier waits and arrivals) in random orders. Each check fails on a planted bug:
-a wrong tile start, a dropped item, a wrong head, a tile not masked, a wrong barrier parity."""
+a wrong tile start, a dropped item, a wrong head, a tile not masked, a wrong barrier parity,
+a dS^T half or a staging tile reused too early, K overwritten while a dQ product reads it."""
 
 import math
 
@@ -226,14 +227,31 @@ def test_protocol_runs_every_item_in_turn(stages):
         Rules(loader_slot_free=lambda item: item.parity),  # waits for a release never coming
         Rules(consumer_slot_ready=lambda item: item.parity ^ 1),  # reads before the copy lands
         Rules(consumer_staging_free=lambda item: item.staged_parity),
+        Rules(consumer_staging_free=lambda item: None),  # stages over a tile not yet added
         Rules(writer_staging_ready=lambda item: item.staged_parity ^ 1),
+        Rules(consumer_ds_ready=lambda item: item.pair_parity ^ 1),
+        Rules(consumer_ds_ready=lambda item: None),  # dQ before the other half is written
+        Rules(ds_pair=lambda item: 0),  # one pair: a half rewritten under the other's dQ
+        Rules(keys_done_waited=False),  # dK over a K half the other's dQ still reads
+        Rules(slot_after_products=False),  # a slot refilled under dK's product
     ],
-    ids=["loader", "consumer-slot", "consumer-staging", "writer"],
+    ids=[
+        "loader",
+        "consumer-slot",
+        "consumer-staging",
+        "no-staging-wait",
+        "writer",
+        "ds-parity",
+        "no-ds-wait",
+        "one-ds-pair",
+        "no-keys-done",
+        "early-release",
+    ],
 )
-def test_protocol_fails_on_a_planted_parity_bug(rules):
+def test_protocol_fails_on_a_planted_bug(rules):
     prog = _programs_for_protocol(2)[0]
     with pytest.raises(ProtocolError):
-        for seed in range(20):
+        for seed in range(40):
             mirror.simulate_protocol(prog, 2, seed, rules)
 
 
