@@ -559,11 +559,13 @@ SET_NOTES = {
     "tensor-core loop of one partition and not comparable with a plain kernel's.",
     "hopper": ". The warp-specialized Gluon backward (kernels/hopper/flash_bwd_ws.py) with the "
     "dK/dV config forced to it, beside the default forward and preprocess. warps counts every "
-    "partition's (partitions: default + workers); registers is the count at launch, setmaxnreg "
-    "what the partitions move to (consumers / workers); adds: how dQ reaches its float32 "
-    "accumulator (bulk: one TMA reduce-add a tile; atomic: per-element adds, Triton 3.6's "
-    "Gluon has no bulk reduce); stages: the Q / dO ring's depth; main_loop: the shortest loop "
-    "with tensor-core work, the consumers' (the only one with HGMMA).",
+    "partition's (partitions: default + workers, here the two consumer warpgroups, the loader "
+    "and the dQ writer); registers is the count at launch, setmaxnreg what the warps move to "
+    "(256: the default partition after the region; 240: the consumers; 120: a worker's idle "
+    "count; 24: the loader's and the dQ writer's warpgroup); adds: how dQ reaches its float32 "
+    "accumulator (bulk: one TMA reduce-add a warpgroup's half of a tile; atomic: per-element "
+    "adds, Triton 3.6's Gluon has no bulk reduce); stages: the Q / dO ring's depth; main_loop: "
+    "the shortest loop with tensor-core work, a consumer's.",
     "hopper-fwd": ". The Gluon forward (kernels/hopper/flash_fwd_ws.py) with the fwd config "
     "forced to it, forward only. partitions: default + workers, here the loader (the default "
     "partition, 4 warps of which one issues) and the two consumer warpgroups; registers is the "

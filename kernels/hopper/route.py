@@ -31,7 +31,8 @@ BLOCK_N = 128  # the key tile of both (the backward's: 64 keys for each consumer
 NUM_WARPS = 8  # the backward's consumers: two warpgroups (the loader and dQ writer come on top)
 # (block_m, stages) a config may ask for, by head_dim: query rows a streamed tile holds and the
 # depth of the Q / dO ring. At d128 a third stage does not fit (about 232,600 B of shared
-# memory, of 232,448); at d64, 128-row tiles spill in the consumers' main loop (docs/kernel_compile.md)
+# memory, of 232,448); at d64, 128-row tiles spill in the consumers' main loop
+# (docs/kernel_compile.md)
 TILES = {64: ((64, 2), (64, 3)), 128: ((64, 2),)}
 MAX_FLAT_INDEX = 2**31 - 1  # lse and delta are addressed as one flat buffer with int32 coordinates
 # The forward's tile: 128 query rows (64 a consumer warpgroup) x 128 keys, and the K / V ring
