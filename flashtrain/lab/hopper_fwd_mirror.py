@@ -33,9 +33,13 @@ float64 definition sees any index error far above rounding.
 1) against each other with the kernel's mbarrier waits and arrivals, in a random order of a seed,
 with mbarriers as the hardware keeps them (hopper_bwd_mirror.MBarrier), asynchronous GEMMs that
 complete in issue order, TMA copies and stores that complete whenever, and buffers that remember
-which item or tile they hold and which reads they still owe: a deadlock, a buffer overwritten
-while needed, a read of another item's or tile's data, or the ping-pong order broken raises
-ProtocolError.
+which item or tile they hold and which reads they still owe. It follows the kernel's pipelines:
+K and V in rings of their own (k_ready / k_empty, v_ready / v_empty), an item's first S issued
+outside the ping-pong and every other product inside it, K released once its S retired, V once
+its P V did, Q once the item's last S did, each consumer's output staged in its own tile whose
+TMA store is waited for only before the tile is written again and before the consumer ends. A
+deadlock, a buffer overwritten while needed, a read of another item's or tile's data, the
+ping-pong order broken, or a consumer ending with its store in flight raises ProtocolError.
 """
 
 from __future__ import annotations
@@ -64,12 +68,12 @@ Q_BUFFERS = fwd_schedule.Q_BUFFERS.value
 class KeyTile:
     """One key tile an item streams (a kind-1 row of the probe's table)."""
 
-    kv: int  # key tiles the program streamed before it: what its K / V ring slot holds
+    kv: int  # key tiles the program streamed before it: what its K and V ring slots hold
     start_n: int
     masked: bool
-    kv_slot: int
+    kv_slot: int  # its slot in the K ring and in the V ring
     kv_parity: int
-    turn: int  # the ping-pong turn of its S GEMM issue
+    turn: int  # the ping-pong turn of its P V issue (with the next tile's S, or alone)
     clean_slot: int  # its key_term buffer and cleaned barrier (-1 unmasked)
     clean_parity: int
 
@@ -90,7 +94,7 @@ class Item:
     n_tiles: int
     q_slot: int
     q_parity: int
-    turn: int  # the ping-pong turn of its first GEMM issue
+    turn: int  # its first ping-pong turn (its first S is issued outside the ping-pong)
     tiles: tuple[KeyTile, ...]
 
 
@@ -152,8 +156,8 @@ def _turn_parity_probe(OUT):
 
 
 def probe_turn_parity(turns: int) -> list[tuple[int, int]]:
-    """The parities warpgroups 0 and 1 wait for before GEMM issue `turn`, for turn < turns, as
-    the kernel's fwd_schedule.turn_parity computes them."""
+    """The parities warpgroups 0 and 1 wait for before ping-pong issue `turn`, for turn <
+    turns, as the kernel's fwd_schedule.turn_parity computes them."""
     out = torch.zeros(turns, 2, dtype=torch.int32)
     _turn_parity_probe[(turns,)](out)
     return [tuple(row) for row in out.tolist()]
@@ -267,13 +271,20 @@ class Rules:
 
     loader_q_free: Callable[[Item], int | None] = lambda item: item.q_parity ^ 1
     consumer_q_ready: Callable[[Item], int | None] = lambda item: item.q_parity
-    loader_kv_free: Callable[[KeyTile], int | None] = lambda tile: tile.kv_parity ^ 1
-    consumer_kv_ready: Callable[[KeyTile], int | None] = lambda tile: tile.kv_parity
+    loader_k_free: Callable[[KeyTile], int | None] = lambda tile: tile.kv_parity ^ 1
+    loader_v_free: Callable[[KeyTile], int | None] = lambda tile: tile.kv_parity ^ 1
+    consumer_k_ready: Callable[[KeyTile], int | None] = lambda tile: tile.kv_parity  # S
+    consumer_v_ready: Callable[[KeyTile], int | None] = lambda tile: tile.kv_parity  # P V
+    clean_v_ready: Callable[[KeyTile], int | None] = lambda tile: tile.kv_parity  # consumer 0
     turn_parity: Callable[[int, int], int | None] = _turn_parity
     clean_slot: Callable[[KeyTile], int] = lambda tile: tile.clean_slot
     clean_ready: Callable[[KeyTile], int | None] = lambda tile: tile.clean_parity  # consumer 1
-    release_after_pv: bool = True  # kv_empty arrived only once the PV reading the slot is done
-    store_waited: bool = True  # q_empty arrived only once the output's TMA store is done
+    first_s_in_turn: bool = False  # an item's first S outside the ping-pong (not counted)
+    k_after_s: bool = True  # k_empty arrived only once the S reading the slot retired
+    v_after_pv: bool = True  # v_empty arrived only once the P V reading the slot retired
+    q_after_last_s: bool = True  # q_empty arrived only once the item's last S retired
+    o_store_waited: bool = True  # the output tile written only once its last store read it
+    final_store_wait: bool = True  # a consumer ends only once its last store read the tile
 
 
 class _Buffer:
@@ -287,9 +298,10 @@ class _Buffer:
     def write(self, tag, owed: int, by: str) -> None:
         """A store into it (owed: the reads the new contents owe)."""
         if self.loading or self.busy or self.owed:
+            copying = ", a copy in flight" if self.loading else ""
             raise ProtocolError(f"{by} overwrote {self.name} (holding {self.holds}, owing "
-                                f"{self.owed} reads, {self.busy} in flight"
-                                f"{', a copy in flight' if self.loading else ''}) with {tag}")  # fmt: skip
+                                f"{self.owed} reads, {self.busy} in flight{copying}) with "
+                                f"{tag}")  # fmt: skip
         self.holds, self.owed = tag, owed
 
     def read(self, tag, by: str, owed: int = 1, in_flight: bool = False) -> None:
@@ -303,33 +315,40 @@ class _Buffer:
 
 
 class _Async:
-    """A GEMM or TMA store in flight: its buffer stays busy until it completes."""
+    """A GEMM or TMA store in flight: the buffers it reads stay busy until it completes."""
 
-    def __init__(self, buf: _Buffer):
-        self.buf, self.done = buf, False
+    def __init__(self, bufs: tuple[_Buffer, ...]):
+        self.bufs, self.done = bufs, False
 
     def complete(self) -> None:
-        self.done, self.buf.busy = True, self.buf.busy - 1
+        self.done = True
+        for buf in self.bufs:
+            buf.busy -= 1
 
 
 def simulate_protocol(program: Program, stages: int, seed: int, rules: Rules = Rules()) -> int:
     """Play one program's partitions in a random order (seeded); the steps taken. Raises
     ProtocolError on a deadlock, a buffer overwritten while needed or read for the wrong item
-    or tile, or the consumers' GEMM issues out of ping-pong order."""
+    or tile, the consumers' ping-pong issues out of turn, or a consumer ending with its output
+    store still reading its staging tile."""
     q_ready = [MBarrier(f"q_ready[{s}]") for s in range(Q_BUFFERS)]
     q_empty = [MBarrier(f"q_empty[{s}]", 2) for s in range(Q_BUFFERS)]
-    kv_ready = [MBarrier(f"kv_ready[{s}]") for s in range(stages)]
-    kv_empty = [MBarrier(f"kv_empty[{s}]", 2) for s in range(stages)]
+    k_ready = [MBarrier(f"k_ready[{s}]") for s in range(stages)]
+    k_empty = [MBarrier(f"k_empty[{s}]", 2) for s in range(stages)]
+    v_ready = [MBarrier(f"v_ready[{s}]") for s in range(stages)]
+    v_empty = [MBarrier(f"v_empty[{s}]", 2) for s in range(stages)]
     turn = [MBarrier(f"turn[{w}]") for w in range(2)]
     cleaned = [MBarrier(f"cleaned[{c}]") for c in range(2)]
     q_bufs = [[_Buffer(f"Q[{s}] half {w}") for w in range(2)] for s in range(Q_BUFFERS)]
     k_bufs = [_Buffer(f"K[{s}]") for s in range(stages)]
     v_bufs = [_Buffer(f"V[{s}]") for s in range(stages)]
+    o_bufs = [_Buffer(f"O staging {w}") for w in range(2)]
     key_terms = [_Buffer(f"key_term[{c}]") for c in range(2)]
     copies: list[tuple[_Buffer, tuple, int, MBarrier]] = []  # TMA loads not yet landed
     gemms: list[list[_Async]] = [[], []]  # per consumer, in issue order (wgmma completes so)
-    stores: list[_Async] = []
-    issues = [0, 0]  # GEMM issues per consumer
+    stores: list[list[_Async]] = [[], []]  # per consumer, its TMA stores still reading
+    issues = [0, 0]  # ping-pong issues per consumer
+    in_turn = [False, False]
 
     def wait(bar: MBarrier, parity: int | None) -> Iterator[Callable[[], bool]]:
         if parity is not None:
@@ -346,30 +365,42 @@ def simulate_protocol(program: Program, stages: int, seed: int, rules: Rules = R
             q_ready[item.q_slot].expect(2)  # the two 64-row halves
             for half in q_bufs[item.q_slot]:  # each read by its consumer's S GEMMs
                 copy(half, ("Q", item.local), item.n_tiles, q_ready[item.q_slot])
-            for tile in item.tiles:  # K read by both consumers' S, V by both PVs
-                yield from wait(kv_empty[tile.kv_slot], rules.loader_kv_free(tile))
-                kv_ready[tile.kv_slot].expect(2)
-                copy(k_bufs[tile.kv_slot], ("K", tile.kv), 2, kv_ready[tile.kv_slot])
-                copy(v_bufs[tile.kv_slot], ("V", tile.kv, False), 2, kv_ready[tile.kv_slot])
+            for tile in item.tiles:  # K read by both consumers' S, V by both P V products
+                yield from wait(k_empty[tile.kv_slot], rules.loader_k_free(tile))
+                k_ready[tile.kv_slot].expect(1)
+                copy(k_bufs[tile.kv_slot], ("K", tile.kv), 2, k_ready[tile.kv_slot])
+                yield from wait(v_empty[tile.kv_slot], rules.loader_v_free(tile))
+                v_ready[tile.kv_slot].expect(1)
+                copy(v_bufs[tile.kv_slot], ("V", tile.kv, False), 2, v_ready[tile.kv_slot])
 
-    def issue(w: int, reads: list[tuple[_Buffer, tuple]]) -> list[_Async]:
-        """One turn of the ping-pong: S_t and / or PV_{t-1} issued, then the other's turn."""
-        if issues[w] != issues[1 - w] - w:  # 0 issues k after 1's k - 1; 1 issues k after 0's k
-            raise ProtocolError(f"consumer {w} issued its GEMM {issues[w]} out of turn "
-                                f"(consumer {1 - w} has issued {issues[1 - w]})")  # fmt: skip
-        issues[w] += 1
+    def gemm(w: int, reads: list[tuple[_Buffer, tuple]]) -> _Async:
+        """One asynchronous product reading `reads`, queued behind this consumer's others."""
         for buf, tag in reads:
             buf.read(tag, f"consumer {w}", in_flight=True)
-        ops = [_Async(buf) for buf, _ in reads]
-        gemms[w].extend(ops)
+        op = _Async(tuple(buf for buf, _ in reads))
+        gemms[w].append(op)
+        return op
+
+    def take_turn(w: int, at: int) -> Iterator[Callable[[], bool]]:
+        """Wait for ping-pong turn `at`, then check it is this consumer's: 0 issues its k-th
+        after 1's (k - 1)-th is done, 1 its k-th after 0's k-th, never both in a turn at once."""
+        yield from wait(turn[w], rules.turn_parity(at, w))
+        if in_turn[1 - w] or issues[w] != issues[1 - w] - w:
+            raise ProtocolError(f"consumer {w} took its ping-pong issue {issues[w]} out of turn "
+                                f"(consumer {1 - w} has issued {issues[1 - w]}"
+                                f"{' and holds its turn' if in_turn[1 - w] else ''})")  # fmt: skip
+        in_turn[w] = True
+
+    def end_turn(w: int) -> None:
+        in_turn[w], issues[w] = False, issues[w] + 1
         turn[1 - w].arrive()
-        return ops
 
     def clean(w: int, tile: KeyTile) -> Iterator[Callable[[], bool]]:
-        """The cleaned-V handshake of a masked tile: consumer 0 cleans V in its ring slot and
-        writes the score term; consumer 1 waits for both."""
+        """The cleaned-V handshake of a masked tile: consumer 0 waits for V, cleans it in its
+        ring slot and writes the score term; consumer 1 waits for both."""
         slot, by, v = rules.clean_slot(tile), f"consumer {w}", v_bufs[tile.kv_slot]
         if w == 0:
+            yield from wait(v_ready[tile.kv_slot], rules.clean_v_ready(tile))
             v.read(("V", tile.kv, False), by, owed=0)
             if v.busy:
                 raise ProtocolError(f"consumer 0 cleaned {v.name} while a GEMM read it")
@@ -380,61 +411,97 @@ def simulate_protocol(program: Program, stages: int, seed: int, rules: Rules = R
             yield from wait(cleaned[slot], rules.clean_ready(tile))
             key_terms[slot].read(("term", tile.kv), by)
 
+    def tiles(w: int, item: Item) -> Iterator[Callable[[], bool]]:
+        """An item's products: S_0 alone outside the ping-pong, then S_t with P_{t-1} V_{t-1}
+        a turn (K_t and V_{t-1} waited for before it), then the last P V alone; K released once
+        its S retired, V once its P V did, Q once the last S did."""
+        q_half = q_bufs[item.q_slot][w]
+        first, last = item.tiles[0], item.tiles[-1]
+        yield from wait(k_ready[first.kv_slot], rules.consumer_k_ready(first))
+        if rules.first_s_in_turn:  # the planted bug: a turn the table does not count
+            yield from take_turn(w, item.turn)
+        reads = [(q_half, ("Q", item.local)), (k_bufs[first.kv_slot], ("K", first.kv))]
+        s = gemm(w, reads)
+        if rules.first_s_in_turn:
+            end_turn(w)
+        prev = None
+        for tile in item.tiles:
+            if prev is not None:  # S_tile with P_prev V_prev, on prev's turn
+                yield from wait(k_ready[tile.kv_slot], rules.consumer_k_ready(tile))
+                yield from wait(v_ready[prev.kv_slot], rules.consumer_v_ready(prev))
+                yield from take_turn(w, prev.turn)
+                s = gemm(w, [(q_half, ("Q", item.local)), (k_bufs[tile.kv_slot], ("K", tile.kv))])
+                pv = gemm(w, [(v_bufs[prev.kv_slot], ("V", prev.kv, prev.masked))])
+                end_turn(w)
+            if not rules.k_after_s:
+                k_empty[tile.kv_slot].arrive()  # the planted bug: before S is done
+            if tile is last and not rules.q_after_last_s:
+                q_empty[item.q_slot].arrive()  # the planted bug: before the last S is done
+            yield lambda s=s: s.done
+            if rules.k_after_s:
+                k_empty[tile.kv_slot].arrive()
+            if tile.masked:
+                yield from clean(w, tile)
+            if prev is not None:
+                if not rules.v_after_pv:
+                    v_empty[prev.kv_slot].arrive()  # the planted bug: before P V is done
+                yield lambda pv=pv: pv.done
+                if rules.v_after_pv:
+                    v_empty[prev.kv_slot].arrive()
+            prev = tile
+        if rules.q_after_last_s:
+            q_empty[item.q_slot].arrive()
+        yield from wait(v_ready[last.kv_slot], rules.consumer_v_ready(last))
+        yield from take_turn(w, last.turn)  # the last P V alone
+        pv = gemm(w, [(v_bufs[last.kv_slot], ("V", last.kv, last.masked))])
+        end_turn(w)
+        yield lambda: pv.done
+        v_empty[last.kv_slot].arrive()
+
+    def stored(w: int) -> Callable[[], bool]:
+        return lambda: not stores[w]
+
     def consumer(w: int) -> Iterator[Callable[[], bool]]:
         by = f"consumer {w}"
         for item in program.items:
             yield from wait(q_ready[item.q_slot], rules.consumer_q_ready(item))
-            q_half, prev = q_bufs[item.q_slot][w], None
-            for tile in (*item.tiles, None) if item.tiles else ():  # None: the last PV alone
-                if tile is not None:
-                    yield from wait(kv_ready[tile.kv_slot], rules.consumer_kv_ready(tile))
-                at = tile.turn if tile is not None else item.turn + item.n_tiles
-                yield from wait(turn[w], rules.turn_parity(at, w))
-                reads = [] if tile is None else [(q_half, ("Q", item.local)),
-                                                 (k_bufs[tile.kv_slot], ("K", tile.kv))]  # fmt: skip
-                if prev is not None:
-                    reads.append((v_bufs[prev.kv_slot], ("V", prev.kv, prev.masked)))
-                ops = issue(w, reads)
-                if prev is not None and not rules.release_after_pv:
-                    kv_empty[prev.kv_slot].arrive()  # the planted bug: before PV is done
-                if tile is not None:
-                    yield lambda s=ops[0]: s.done
-                    if tile.masked:
-                        yield from clean(w, tile)
-                if prev is not None:
-                    yield lambda pv=ops[-1]: pv.done
-                    if rules.release_after_pv:
-                        kv_empty[prev.kv_slot].arrive()
-                prev = tile
-            # epilogue: the output half into this consumer's Q half, out by a TMA store
-            q_half.read(("Q", item.local), by, owed=0)
-            q_half.write(("O", item.local), 1, by)
-            q_half.read(("O", item.local), by, in_flight=True)
-            store = _Async(q_half)
-            stores.append(store)
-            if rules.store_waited:
-                yield lambda store=store: store.done
-            q_empty[item.q_slot].arrive()
+            if item.tiles:
+                yield from tiles(w, item)
+            else:
+                q_empty[item.q_slot].arrive()  # no key: nothing reads Q
+            # epilogue: a half wholly inside the sequence through the staging tile and a TMA
+            # store, waited for before the tile is written again; a tail half by pointer stores
+            if w * HALF + HALF <= item.seqlen_q - item.m0:
+                if rules.o_store_waited:
+                    yield stored(w)
+                o_bufs[w].write(("O", item.local), 1, by)
+                o_bufs[w].read(("O", item.local), by, in_flight=True)
+                stores[w].append(_Async((o_bufs[w],)))
+        if rules.final_store_wait:
+            yield stored(w)
 
     rng = random.Random(seed)
     actors = {"loader": loader(), "consumer 0": consumer(0), "consumer 1": consumer(1)}
     waiting: dict[str, Callable[[], bool]] = {name: (lambda: True) for name in actors}
+    # each seed makes some partitions and some kinds of asynchronous work up to 100x slower
+    # than others: a store or copy then stays in flight across many steps of the rest
+    pace = {kind: 10 ** rng.uniform(-2, 0) for kind in (*actors, "land", "store", "gemm")}
     steps = 0
-    while actors or copies or stores or gemms[0] or gemms[1]:
+    while actors or copies or any(stores) or any(gemms):
         choices: list[tuple[str, int]] = [(name, 0) for name in actors if waiting[name]()]
         choices += [("land", i) for i in range(len(copies))]
-        choices += [("store", i) for i in range(len(stores))]
+        choices += [("store", w) for w in range(2) if stores[w]]
         choices += [("gemm", w) for w in range(2) if gemms[w]]
         if not choices:
             raise ProtocolError(f"deadlock after {steps} steps: {sorted(actors)} wait")
-        kind, index = rng.choice(choices)
+        kind, index = rng.choices(choices, [pace[kind] for kind, _ in choices])[0]
         steps += 1
         if kind == "land":
             buf, tag, owed, bar = copies.pop(index)
             buf.holds, buf.owed, buf.loading = tag, owed, False
             bar.landed()
-        elif kind == "store":
-            stores.pop(index).complete()
+        elif kind == "store":  # (with the waits, a consumer has at most one in flight)
+            stores[index].pop(rng.randrange(len(stores[index]))).complete()
         elif kind == "gemm":
             gemms[index].pop(0).complete()
         else:
@@ -442,4 +509,9 @@ def simulate_protocol(program: Program, stages: int, seed: int, rules: Rules = R
                 waiting[kind] = next(actors[kind])
             except StopIteration:
                 del actors[kind], waiting[kind]
+                w = int(kind[-1]) if kind.startswith("consumer") else None
+                if w is not None and stores[w]:
+                    raise ProtocolError(
+                        f"{kind} ended while its output store still reads {o_bufs[w].name}"
+                    ) from None
     return steps

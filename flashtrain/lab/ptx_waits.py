@@ -17,7 +17,7 @@ import re
 # a PTX basic block opens at a label or at LLVM's "// %bb.N:" line; LLVM's loop comments on it
 # name the innermost loop it belongs to ("in Loop: Header=BB0_39") or that it heads one
 _BLOCK = re.compile(r"^(?:\$L__(BB\d+_\d+):|// %bb\.\d+:)", re.M)
-_LOOP = re.compile(r"in Loop: Header=(BB\d+_\d+)|=>This (?:Inner )?Loop Header")
+_LOOP = re.compile(r"in Loop: Header=(BB\d+_\d+)|=>\s*This (?:Inner )?Loop Header")
 _BRANCH = re.compile(r"^\s*(?:@!?%p\d+\s+)?bra(?:\.uni)?\s+\$L__(BB\d+_\d+);", re.M)
 _WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);")
 _ENDS = re.compile(r"(bra\.uni|bra|ret|exit|trap)\b")  # an unconditional last instruction

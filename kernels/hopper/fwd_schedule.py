@@ -19,9 +19,14 @@ visit plan (kernels/visit_plan.py): the element-masked ones first (causal edge, 
 then the unmasked middle.
 
 Running counts a partition carries across its items, and what they index:
-    kv      key tiles streamed so far     the K / V ring: ring_slot(kv, STAGES)
+    kv      key tiles streamed so far     the K ring and the V ring alike: ring_slot(kv, STAGES)
+                                          (each advances once a tile: one slot, one parity)
     local   items taken so far            the Q buffers: ring_slot(local, Q_BUFFERS)
-    turn    GEMM issues so far            the ping-pong: n_tiles + 1 turns an item (0 without keys)
+    turn    ping-pong issues so far       the turn barriers: n_tiles an item. An item's first
+                                          S is issued outside the ping-pong; its issue
+                                          t < n_tiles - 1 is S_{t+1} with P_t V_t, the last is
+                                          P V of the last tile alone, so key tile t's P V goes
+                                          out on turn `turn + t`
     masked  masked tiles so far           the cleaned-V handshake: ring_slot(masked, 2)
 """
 
@@ -76,10 +81,10 @@ plan_key_tile = plan_tile
 
 @triton.jit
 def turn_parity(turn, WG: tl.constexpr):
-    """The parity warpgroup WG waits for on its turn barrier before its `turn`-th GEMM issue.
-    Warpgroup 0 goes first (its first wait passes on a fresh barrier: the phase before it,
-    parity 1, counts as complete) and then waits for warpgroup 1's issue `turn` - 1; warpgroup 1
-    waits for warpgroup 0's issue `turn`."""
+    """The parity warpgroup WG waits for on its turn barrier before its `turn`-th ping-pong
+    issue (items' first S GEMMs not counted). Warpgroup 0 goes first (its first wait passes on
+    a fresh barrier: the phase before it, parity 1, counts as complete) and then waits for
+    warpgroup 1's issue `turn` - 1; warpgroup 1 waits for warpgroup 0's issue `turn`."""
     if WG == 0:
         parity = (turn & 1) ^ 1
     else:
@@ -89,7 +94,8 @@ def turn_parity(turn, WG: tl.constexpr):
 
 # Columns of the probe's table, one row per (program, event): an item's header row (kind 0:
 # start_n, masked and the ring columns -1) or one of its key tiles (kind 1). Row 0 of a program
-# holds its row count in the "item" column.
+# holds its row count in the "item" column. kv_slot / kv_parity: the tile's slot and phase in the
+# K ring and in the V ring; turn: an item's first ping-pong issue, a tile's P V issue.
 PROBE_COLUMNS = ("kind", "item", "b", "h", "m0", "q_start", "seqlen_q", "k_start", "seqlen_k",
                  "n_tiles", "start_n", "masked", "q_slot", "q_parity", "kv_slot", "kv_parity",
                  "turn", "clean_slot", "clean_parity")  # fmt: skip
@@ -142,6 +148,6 @@ def schedule_probe_kernel(
                 row += 1
                 kv += 1
                 masked_count += masked.to(tl.int32)
-            turn += tl.where(n_tiles > 0, n_tiles + 1, 0)
+            turn += n_tiles  # the consumers' issues in turn (module docstring)
             local += 1
     tl.store(base + 1, row)  # row 0's "item" column

@@ -1,13 +1,15 @@
 """The Gluon forward (kernels/hopper/flash_fwd_ws.py) as the compiler makes it for sm_90, without
 a GPU (flashtrain/lab/kernel_compile.py's stand-in driver): live under the installed Triton for
 one launch, and for every launch in the committed reports of Triton 3.6 (the GPU machines') and
-the newest. The goal (issue 46): three partitions of a warpgroup each (the loader as the default
-partition, and two consumer warpgroups), setmaxnreg handing the consumers 232 registers and the
-loader the 40 they leave, within what the launch holds (a larger ask waits forever for
+the newest. The goal (issues 46 and 54): three partitions of a warpgroup each (the loader as the
+default partition, and two consumer warpgroups), setmaxnreg handing the consumers 232 registers
+and the loader the 40 they leave, within what the launch holds (a larger ask waits forever for
 registers nobody frees); every product on wgmma (0 mma.sync); no spill in the main loop (none
-at all at head_dim 64; at 128 a few words outside the loop); shared memory within sm_90's
-232,448 bytes and the model tuning.shared_bytes uses. Then the launch contract (a real launch's
-rules) with the forward launched from a fresh thread."""
+at all at head_dim 64; at 128 a few words outside the loop); shared memory (the output staging
+tile included) within sm_90's 232,448 bytes and the model tuning.shared_bytes uses; every
+consumer arrive after a barrier of its warpgroup (the kernel adds none of its own: the lowering
+puts one there). Then the launch contract (a real launch's rules) with the forward launched from
+a fresh thread."""
 
 import json
 import re
@@ -61,6 +63,46 @@ def test_the_gluon_forward_compiles_the_hopper_way(triton_cache):
     fwd = [line for line in lines if line["kernel"] == KERNEL]
     assert len(fwd) == 1 and fwd[0]["block_m"] == 128 and fwd[0]["stages"] == 2
     _assert_goal(fwd[0])
+
+
+# a PTX instruction (after an optional predicate) and the ones that order a partition's
+# shared-memory work: a barrier, an access, a product, a wait, a copy, a fence
+_PTX_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)")
+_ORDERING = ("bar.sync", "barrier.sync", "ld.shared", "st.shared", "ldmatrix", "stmatrix",
+             "wgmma.", "mbarrier.", "cp.async", "fence.")  # fmt: skip
+
+
+def _unsynced_arrives(ptx: str) -> list[int]:
+    """The lines of the mbarrier arrivals (not the loader's arrive.expect_tx) whose nearest
+    preceding ordering instruction is not a barrier: one thread would signal while other warps
+    of its warpgroup may still read or write the buffer it releases."""
+    last, unsynced = "", []
+    for number, line in enumerate(ptx.splitlines(), 1):
+        match = _PTX_OP.match(line)
+        if not match or not match.group(1).startswith(_ORDERING):
+            continue
+        op = match.group(1)
+        if op.startswith("mbarrier.arrive") and "expect_tx" not in op:
+            if not last.startswith(("bar.sync", "barrier.sync")):
+                unsynced.append(number)
+        last = op
+    return unsynced
+
+
+def test_every_consumer_arrive_follows_a_barrier_of_its_warpgroup(triton_cache):
+    """The kernel releases buffers (K after S, V after P V, Q after the last S) and hands over
+    turns with one thread's mbarrier.arrive and no partition_barrier of its own: Triton's
+    lowering (3.9) or its barrier pass (3.6) puts a bar.sync right before each. The same launch
+    as above (cached); a Triton that stopped doing so would fail here."""
+    assert _unsynced_arrives("wgmma.wait_group.sync.aligned 0;\n"
+                             "@%p1 mbarrier.arrive.shared::cta.b64 _, [%r1];") == [2]  # fmt: skip
+    run_kernel_compile(triton_cache, "--launches", "hopper-fwd", "--only", LAUNCH)
+    ptx = sorted(triton_cache.rglob(f"{KERNEL}.ptx"))
+    assert ptx, "no PTX of the forward in the compile cache"
+    for path in ptx:
+        text = path.read_text()
+        assert text.count("mbarrier.arrive.shared") >= 16, path  # 8 sites a consumer at least
+        assert not _unsynced_arrives(text), (path, _unsynced_arrives(text)[:5])
 
 
 def test_the_gluon_forward_keeps_the_launch_contract(triton_cache):

@@ -5,7 +5,9 @@ float64 definition at odd sizes, grouped-query, bottom-right causal and packed s
 table itself (every query tile once, exactly the key tiles its rows see, the running counts);
 masked non-finite values; its protocol (the partitions' mbarrier waits and arrivals) in random
 orders. Each check fails on a planted bug: a wrong tile start or item in the schedule functions,
-V not cleaned, a skipped or wrong wait, a key_term ring of one, a slot released early."""
+V not cleaned, a skipped or wrong wait, a key_term ring of one, a K, V or Q buffer released
+before the products reading it retired, the output staging tile rewritten or left behind with
+its store in flight, a turn the table does not count."""
 
 import math
 from collections import Counter
@@ -179,14 +181,14 @@ def test_the_table_covers_every_query_tile_once_with_the_keys_it_sees(case, stag
             for t, tile in enumerate(item.tiles):
                 assert (tile.kv, tile.kv_slot, tile.kv_parity) == (kv, kv % stages,
                                                                    kv // stages & 1)  # fmt: skip
-                assert tile.turn == turn + t
+                assert tile.turn == turn + t  # its P V's issue: S_0 takes no turn
                 clean = (masked % 2, masked // 2 & 1) if tile.masked else (-1, -1)
                 assert (tile.clean_slot, tile.clean_parity) == clean
                 if not tile.masked:
                     end = (tile.start_n, tile.start_n + 128)
                     assert _allowed(item, item.m0, item.m0 + 128, *end, right).all()
                 kv, masked = kv + 1, masked + tile.masked
-            turn += item.n_tiles + 1 if item.n_tiles else 0
+            turn += item.n_tiles
     every = Counter((b, h, m0) for b, n in enumerate(lens_q) for h in range(heads_q)
                     for m0 in range(0, n, 128))  # fmt: skip
     assert taken == every
@@ -341,18 +343,25 @@ def _fails_for_some_seed(rules: Rules, stages: int = 2) -> None:
 PLANTED_RULES = {
     "consumer-1-skips-cleaned": Rules(clean_ready=lambda tile: None),
     "key-term-ring-of-1": Rules(clean_slot=lambda tile: 0, clean_ready=lambda t: t.clean_slot),
-    "loader-skips-kv-empty": Rules(loader_kv_free=lambda tile: None),
-    "kv-released-before-pv": Rules(release_after_pv=False),
+    "consumer-0-cleans-v-before-it-lands": Rules(clean_v_ready=lambda tile: None),
+    "loader-skips-k-empty": Rules(loader_k_free=lambda tile: None),
+    "loader-skips-v-empty": Rules(loader_v_free=lambda tile: None),
+    "k-released-before-s": Rules(k_after_s=False),
+    "v-released-before-pv": Rules(v_after_pv=False),
+    "q-released-before-the-last-s": Rules(q_after_last_s=False),
     "turn-both-as-wg0": Rules(turn_parity=lambda turn, w: (turn & 1) ^ 1),
     "turn-both-as-wg1": Rules(turn_parity=lambda turn, w: turn & 1),
-    "consumer-kv-ready-parity": Rules(consumer_kv_ready=lambda tile: tile.kv_parity ^ 1),
+    "first-s-takes-a-turn": Rules(first_s_in_turn=True),
+    "consumer-k-ready-parity": Rules(consumer_k_ready=lambda tile: tile.kv_parity ^ 1),
+    "pv-skips-v-ready": Rules(consumer_v_ready=lambda tile: None),
     "consumer-skips-q-ready": Rules(consumer_q_ready=lambda item: None),
-    # an item without keys reads no Q, but its output goes into the Q buffer the copy fills
+    # an item without keys reads no Q, but its release still counts in the Q buffer's phase
     "keyless-item-skips-q-ready": Rules(
         consumer_q_ready=lambda i: i.q_parity if i.n_tiles else None
     ),
     "loader-q-empty-parity": Rules(loader_q_free=lambda item: item.q_parity),
-    "q-released-before-store": Rules(store_waited=False),
+    "o-staging-rewritten-before-its-store": Rules(o_store_waited=False),
+    "no-final-store-wait": Rules(final_store_wait=False),
 }
 
 
@@ -374,7 +383,8 @@ def test_a_turn_off_by_one_in_the_table_fails():
 
 
 def test_one_kv_stage_deadlocks():
-    """S_t is issued before PV_{t-1} is waited and its slot released: STAGES must be >= 2."""
+    """Consumer 0 cleans a masked tile's V_t before its own P_{t-1} V_{t-1} is waited for and
+    that slot released: with one V slot, V_t never lands. STAGES must be >= 2."""
     _fails_for_some_seed(Rules(), stages=1)
 
 

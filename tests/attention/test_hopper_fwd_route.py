@@ -100,6 +100,10 @@ def test_the_shared_memory_model_fits_every_allowed_tile():
         for stages in depths:
             cfg = tuning.TileConfig(**{**ws_forward_config(stages).__dict__, "block_d": head_dim})
             assert tuning.shared_bytes("fwd", cfg, 2) <= 232_448
+    # and a third d128 slot does not (beside the Q buffers and the output staging tile): why
+    # FWD_STAGES[128] stops at 2
+    third = tuning.TileConfig(**{**ws_forward_config(3).__dict__, "block_d": 128})
+    assert max(FWD_STAGES[128]) == 2 and tuning.shared_bytes("fwd", third, 2) > 232_448
 
 
 def _qkv(seed):
