@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,9 +68,20 @@ def test_dry_run_runs_every_code_path(dry_run):
     assert set(sec["measured"]) == set(sec["planned"]) and sec["compile_seconds"] >= 0
     assert len(sec["planned"]) == PLANNED
     guard = sec["rows"][0]
-    assert guard["outcome"] == "passed" and len(guard["cases"]) == 25, guard
-    assert guard["planned_cases"] == [case.name for case, _ in hopper_checks.guard_plan(True)]
-    assert [r["gluon"] for r in guard["cases"]] == [["fwd"]] * 12 + [["dkdv"]] * 13
+    plan = hopper_checks.guard_plan(True)
+    assert guard["outcome"] == "passed" and len(guard["cases"]) == len(plan), guard
+    assert guard["planned_cases"] == [case.name for case, _ in plan]
+    assert sorted(r["done"] for r in guard["builtin_cases"]) == sorted(guard["planned_cases"])
+    assert [r["gluon"] for r in guard["cases"]] == [list(o) for _, o in plan]
+    assert all(r["wrong"] is None and r["max_diff_vs_builtin"] == 0.0 for r in guard["cases"])
+    # no GPU here: ConSan is skipped, and says why; no ConSan child was started
+    assert guard["consan"] == [
+        {"consan": "skipped", "detail": "ConSan needs a CUDA GPU; this is cpu"}
+    ]
+    # every measurement of the section ran under its watchdog, and was done with it
+    assert set(sec["limits_s"]) == set(sec["planned"])
+    assert sec["limits_s"][hopper_section.GUARD] == hopper_section.DRY_LIMITS_S["guard"]
+    assert sec["compile_limit_s"] == hopper_section.DRY_LIMITS_S["compile"]
     checks = [r for r in sec["rows"] if "passed" in r]
     assert [r["case"] for r in checks] == sec["checks"] and len(checks) == 22
     assert all(r["passed"] for r in checks)
@@ -126,7 +138,10 @@ def test_dry_run_runs_every_code_path(dry_run):
     configs = lambda entries: {k: TileConfig(**v) for k, v in entries.items()}  # noqa: E731
     assert configs(table) == configs({**SWEEP_ENTRY, **won})
     summary = (out / "summary.md").read_text()
-    for piece in ("## Hopper: the Gluon backward and forward (issues 43, 46)", "**passed**: 25 of 25 cases done",
+    done = f"{len(plan)} of {len(plan)}"
+    for piece in ("## Hopper: the Gluon backward and forward (issues 43, 46)",
+                  f"**passed**: {done} built-in and {done} Gluon cases done; ConSan skipped",
+                  "both kernels: **skipped** (ConSan needs a CUDA GPU; this is cpu)",
                   "### Correctness: 22/22 pass", f"torch (route: {INTERPRETER})",
                   "| Gluon bwd hd128 vs cuDNN | - | 0.9 | - |", "Gluon / cuDNN",
                   "| dkdv/32/float32 |", "| fwd/16/float32 |", "32x16 w4 s1 tma persistent",
@@ -205,11 +220,11 @@ def test_a_wrong_dq_fails_its_row_the_section_and_writes_no_table(tmp_path, monk
 
 
 HUNG = """
-import json, os, time
+import json, os, threading
 open(os.environ["PID_FILE"], "w").write(str(os.getpid()))
 print("GUARD " + json.dumps({"cases": ["bfloat16 hd64 causal S=1024", "b"]}), flush=True)
-print("GUARD " + json.dumps({"start": "bfloat16 hd64 causal S=1024"}), flush=True)
-time.sleep(120)
+print("GUARD " + json.dumps({"start": "bfloat16 hd64 causal S=1024", "phase": "Gluon"}), flush=True)
+threading.Event().wait()
 """
 FAULTED = """
 import os, sys
@@ -220,17 +235,17 @@ sys.stderr.write("Traceback (most recent call last):\\n  ...\\ntorch.Accelerator
 sys.exit(1)
 """
 STATUS = {
-    "hung": "failed: guard hung: no progress in 2 s (last started: bfloat16 hd64 causal S=1024; "
-    "0 of 2 cases done)",
+    "hung": "failed: guard hung: Gluon case bfloat16 hd64 causal S=1024 past its limit of 2 s "
+    "(0 of 2 built-in and 0 of 2 Gluon cases done)",
     "faulted": "failed: guard faulted: exit 1: torch.AcceleratorError: CUDA error: an illegal "
-    "memory access was encountered (0 of ? cases done)",
+    "memory access was encountered (0 of ? built-in and 0 of ? Gluon cases done)",
 }
 
 
 @pytest.mark.parametrize("child", ["hung", "faulted"])
 def test_a_guard_that_hangs_or_faults_fails_only_its_section(tmp_path, monkeypatch, child):
-    """The guard's child replaced by a tiny script (a real process) that sleeps past the
-    timeout, or dies of a CUDA error: the section fails saying so, nothing of it runs in the
+    """The guard's child replaced by a tiny script (a real process) that blocks in a case past
+    its limit, or dies of a CUDA error: the section fails saying so, nothing of it runs in the
     suite's process, the child is gone, and the next section (the sweep) runs: a fault in the
     child is no fault of the suite's."""
     monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
@@ -238,7 +253,9 @@ def test_a_guard_that_hangs_or_faults_fails_only_its_section(tmp_path, monkeypat
     script = tmp_path / "child.py"
     script.write_text(HUNG if child == "hung" else FAULTED)
     monkeypatch.setattr(hopper_guard, "child_command", lambda dry: [sys.executable, str(script)])
-    monkeypatch.setattr(hopper_guard, "DRY_RUN_IDLE_S", 2.0)  # the limit on the GPU: 90 s
+    gluon_case = {**hopper_guard.DRY_LIMITS.cases_s, hopper_guard.GLUON: 2.0}  # on the GPU: 90 s
+    monkeypatch.setattr(hopper_guard, "DRY_LIMITS", replace(hopper_guard.DRY_LIMITS,
+                                                            cases_s=gluon_case))  # fmt: skip
     monkeypatch.setattr(hopper_checks, "run", lambda *a, **k: pytest.fail("ran after the guard"))
     code, sections = run_hopper(tmp_path / "out", "sweep")
     sec = sections["hopper"]
@@ -341,14 +358,18 @@ def test_a_declined_forward_in_the_guard_fails_it_on_the_gpu():
     assert (row["kernel"], row["route"]) == ("triton", "why")
     gluon_row = {"case": "b", **ws_route.route_fields({**routes, "dkdv": ("gluon", None)},
                                                       ("dkdv",))}  # fmt: skip
-    args = (0, "", ["b", "c (Gluon fwd)"], ["b", "c (Gluon fwd)"], [gluon_row, row], None, None)
-    assert hopper_guard._outcome(*args, True) == (
+    names = ["b", "c (Gluon fwd)"]
+    builtin = [{"done": n, "phase": "built-in"} for n in names]
+    consan = [{"consan": "skipped", "detail": "no GPU"}]
+    args = (0, "", names, builtin, [gluon_row, row], None, None)
+    assert hopper_guard._outcome(*args, True, consan) == (
         "declined", "c (Gluon fwd): forward: triton (route: why)")  # fmt: skip
-    assert hopper_guard._outcome(*args, False) == ("passed", "2 of 2 cases done")
+    assert hopper_guard._outcome(*args, False, consan) == (
+        "passed", "2 of 2 built-in and 2 of 2 Gluon cases done; ConSan skipped")  # fmt: skip
 
 
 def test_a_stop_ends_the_guard_child_and_the_budget_skips_the_section(tmp_path, monkeypatch):
-    """SIGINT / SIGTERM while the child runs: it is killed at once (not at its timeout) and the
+    """SIGINT / SIGTERM while the child runs: it is killed at once (not at its limits) and the
     guard says so; a child that keeps printing but never ends hangs at the total limit; with no
     budget left the guard is not even started."""
     monkeypatch.setenv("PID_FILE", str(tmp_path / "pid"))
@@ -360,19 +381,20 @@ def test_a_stop_ends_the_guard_child_and_the_budget_skips_the_section(tmp_path, 
         polls.append(1)
         return "stopped by SIGINT" if len(polls) > 1 else None
 
-    command = [sys.executable, str(script)]
-    row = hopper_guard.run_guard(True, require_gluon=False, timeout_s=60.0,
-                                 should_stop=stop_on_second_poll, command=command)  # fmt: skip
+    limits = hopper_guard.Limits(60.0, 60.0, {"Gluon": 60.0}, 60.0, 60.0)
+    row = hopper_guard.run_guard(True, require_gluon=False, limits=limits,
+                                 should_stop=stop_on_second_poll,
+                                 commands={"guard": [sys.executable, str(script)]})  # fmt: skip
     assert (row["outcome"], row["seconds"] < 30) == ("stopped", True), row
-    assert row["detail"] == "stopped by SIGINT (0 of 2 cases done)"
+    assert row["detail"] == "stopped by SIGINT (0 of 2 built-in and 0 of 2 Gluon cases done)"
     with pytest.raises(ProcessLookupError):
         os.kill(int((tmp_path / "pid").read_text()), 0)
     chatty = "import time\nwhile True: print('.', flush=True); time.sleep(0.1)"
-    row = hopper_guard.run_guard(True, require_gluon=False, timeout_s=1.0, idle_s=60.0,
-                                 command=[sys.executable, "-c", chatty])  # fmt: skip
+    row = hopper_guard.run_guard(True, require_gluon=False, limits=replace(limits, timeout_s=1.0),
+                                 commands={"guard": [sys.executable, "-c", chatty]})  # fmt: skip
     assert row["outcome"] == "hung"
     assert row["detail"] == (
-        "no answer in 1 s (last started: none (imports or the first compiles); 0 of ? cases done)"
+        "no answer in 1 s (running: none) (0 of ? built-in and 0 of ? Gluon cases done)"
     )
     code, sections = run_hopper(tmp_path / "out", "--budget-min", "1e-9")
     assert code == 1

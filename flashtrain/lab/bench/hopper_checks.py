@@ -5,18 +5,19 @@ every gradient of flash_attn_func and flash_attn_varlen_func under the configs t
 the rule of bench/correctness.py; a masked non-finite case for each; and the small cases the
 guard child launches first. Every row says which forward and which backward ran (ws_route): on
 a GPU a row the route did not give to the Gluon kernels it checks fails, so a silent fallback to
-the Triton kernels cannot pass as a check of them.
+the Triton kernels cannot pass as a check of them. A guard result far from the built-in
+kernels' (beyond the sweep's agreement gate, tile_sweep.AGREEMENT) or NaN is wrong.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from flashtrain.kernels.hopper import route
 from flashtrain.kernels.tuning import TileConfig
-from flashtrain.lab.bench import correctness, ws_route
+from flashtrain.lab.bench import correctness, tile_sweep, ws_route
 from flashtrain.lab.bench.correctness import Case
 
 LENGTHS = (4096, 16384)
@@ -24,6 +25,21 @@ GROUP = 4  # query heads per kv head in the grouped-query cases
 NONFINITE_TOL = 1e-2  # relative: the atomic dQ adds in another order from run to run
 BACKWARD, FORWARD, BOTH = ("dkdv",), ("fwd",), ("fwd", "dkdv")  # the Gluon kernels of a check
 TAGS = {BACKWARD: "", FORWARD: " (Gluon fwd)", BOTH: " (Gluon fwd+bwd)"}  # in its case's name
+RESULTS = ("out", "dq", "dk", "dv")  # of a guard launch, in run_ours' order
+# The guard's shapes, (the dry run's stand-ins, float32 at toy head dims: no Gluon kernel runs on
+# a CPU, so they check the code paths only). seqlen: 1024, a multiple of 16 as the measured
+# lengths are (Triton specializes on it); tail: 1000 = 7 x 128 + 104, a last 128-row query tile
+# whose second 64-row half is partly past the end (the NaN check's shape); past_half: 1064 =
+# 8 x 128 + 40, one whose second half is wholly past it (the Gluon forward's Q halves and the
+# backward's K / V halves load nothing there); many: (seqlen, heads) of B=1 with 32 x 16 = 512
+# work items of 128 query rows, over 3x the H200's SMs, so that every persistent program takes
+# several items (the Q buffers' parity wraps, the counters carry across items) and 16 heads, as
+# the timed 16K shapes' (Triton specializes on a multiple of 16). The stand-ins for the tails
+# are their last tiles (104 and 40 rows), for `many` 128 tokens of 16 heads.
+GUARD_SHAPES = {
+    False: {"seqlen": 1024, "tail": 1000, "past_half": 1064, "many": (4096, 16)},
+    True: {"seqlen": 48, "tail": 104, "past_half": 40, "many": (128, 16)},
+}
 
 
 @dataclass(frozen=True)
@@ -142,28 +158,41 @@ def checks(dry: bool) -> list[Check]:
 
 
 def guard_cases(dry: bool, tag: str = "") -> list[Case]:
-    """What the guard child launches first, small: per head_dim (64, then 128) causal, full, GQA
-    (2 kv heads of GROUP), varlen and a length no tile divides (1000: tail tiles, the NaN case's
-    shape), bf16; then fp16: every kernel form (constexprs) the section launches later. 1024
-    tokens: a multiple of 16, as the measured lengths are (Triton specializes on it). The dry
-    run: float32 at toy sizes. tag: appended to each name (TAGS)."""
+    """What the guard child launches first, small (GUARD_SHAPES): per head_dim (64, then 128)
+    causal, full, GQA (2 kv heads of GROUP), varlen (its last document, 683 tokens, leaves a
+    whole 64-row half of its last tile past the end; one document is a single token) and two
+    lengths no tile divides (1000: a partly filled last half, the NaN case's shape; 1064: a last
+    half wholly past the end), bf16; then fp16: every kernel form (constexprs) the section
+    launches later; then many work items (B=1, 4096 tokens, 16 heads: 512 items of the
+    persistent forward), hd 128 causal and hd 64 full. The dry run: float32 at toy sizes. tag:
+    appended to each name (TAGS)."""
     dt = torch.float32 if dry else torch.bfloat16
-    dims, seqlen, tail = ((16, 32), 48, 41) if dry else ((64, 128), 1024, 1000)
+    dims = (16, 32) if dry else (64, 128)
+    shapes = GUARD_SHAPES[dry]
     name = _dtype_name(dt)
-    small = {"batch": 1, "seqlen": seqlen, "heads": 2}
+    small = {"batch": 1, "seqlen": shapes["seqlen"], "heads": 2}
+    s = small["seqlen"]
     out = []
     for d in dims:
         out += [
-            Case(f"{name} hd{d} causal S={seqlen}{tag}", dt, d, True, **small),
-            Case(f"{name} hd{d} full S={seqlen}{tag}", dt, d, False, **small),
-            Case(f"{name} hd{d} causal gqa S={seqlen}{tag}", dt, d, True, "gqa", group=GROUP,
+            Case(f"{name} hd{d} causal S={s}{tag}", dt, d, True, **small),
+            Case(f"{name} hd{d} full S={s}{tag}", dt, d, False, **small),
+            Case(f"{name} hd{d} causal gqa S={s}{tag}", dt, d, True, "gqa", group=GROUP,
                  **dict(small, heads=2 * GROUP)),
-            Case(f"{name} hd{d} causal varlen S={seqlen}{tag}", dt, d, True, "varlen",
+            Case(f"{name} hd{d} causal varlen S={s}{tag}", dt, d, True, "varlen",
                  **dict(small, batch=2)),
-            Case(f"{name} hd{d} causal S={tail}{tag}", dt, d, True, **dict(small, seqlen=tail)),
         ]  # fmt: skip
-    return out + [Case(f"float16 hd{dims[-1]} causal S={seqlen}{tag}", torch.float16, dims[-1],
-                       True, **small)]  # fmt: skip
+        for tail in (shapes["tail"], shapes["past_half"]):
+            out.append(Case(f"{name} hd{d} causal S={tail}{tag}", dt, d, True,
+                            **dict(small, seqlen=tail)))  # fmt: skip
+    out.append(Case(f"float16 hd{dims[-1]} causal S={s}{tag}", torch.float16, dims[-1], True,
+                    **small))  # fmt: skip
+    many, heads = shapes["many"]
+    for d, causal in ((dims[-1], True), (dims[0], False)):
+        mask = "causal" if causal else "full"
+        out.append(Case(f"{name} hd{d} {mask} S={many} H={heads}{tag}", dt, d, causal, batch=1,
+                        seqlen=many, heads=heads))  # fmt: skip
+    return out
 
 
 def _tile_case(first: Case, d: int, tile: str, tag: str) -> Case:
@@ -308,18 +337,76 @@ def builtin_results(case: Case, device) -> list[torch.Tensor]:
     return correctness.run_ours(case, *correctness.case_inputs(case, device))[0]
 
 
-def guard_result(case: Case, overrides: dict[str, TileConfig], device,
-                 builtin: list[torch.Tensor]) -> dict:  # fmt: skip
+def guard_launch(case: Case, overrides: dict[str, TileConfig], device):
     """One guard launch: the case's forward and backward under `overrides` (kind -> TileConfig;
-    traced on a GPU), which kernels ran, and its largest difference from `builtin`
-    (builtin_results), relative to each result's largest magnitude (information: correctness is
-    checked at full size later)."""
+    traced on a GPU). ([out, dq, dk, dv], the route's kernels (ws_route.routes), the trace's)."""
     with ws_route.overridden(overrides):
         routes = case_routes(case, device)
         (ours, *_), seen = ws_route.launched_kernels(
             lambda: correctness.run_ours(case, *correctness.case_inputs(case, device)), device
         )
-    diffs = [_relative_diff(a, b) for a, b in zip(ours, builtin)]
-    diff = float("nan") if any(d != d for d in diffs) else max(diffs)  # NaN sticks
+    return ours, routes, seen
+
+
+def guard_row(case: Case, overrides: dict[str, TileConfig], ours, routes, seen,
+              builtin: list[torch.Tensor]) -> dict:  # fmt: skip
+    """A guard launch's row: which kernels ran, each result's difference from `builtin`
+    (builtin_results) relative to its largest magnitude, and `wrong`: the first result past the
+    sweep's agreement gate (tile_sweep.AGREEMENT) or NaN, said as "dq: 0.31 off the built-in
+    kernels' (gate 0.05)" or "dq: NaN (gate 0.05)", or None (within it, the numbers are checked
+    at full size later)."""
+    diffs = {name: _relative_diff(a, b) for name, a, b in zip(RESULTS, ours, builtin)}
+    diff = max(diffs.values())
+    diff = float("nan") if any(d != d for d in diffs.values()) else diff  # NaN sticks
+    wrong = next((_off(name, d) for name, d in diffs.items() if not d <= tile_sweep.AGREEMENT),
+                 None)  # fmt: skip
     return {"case": case.name, **ws_route.route_fields(routes, ws_route.gluon_kinds(overrides)),
-            "kernels_seen": seen, "max_diff_vs_builtin": diff}  # fmt: skip
+            "kernels_seen": seen, "max_diff_vs_builtin": diff, "diffs": diffs,
+            "wrong": wrong}  # fmt: skip
+
+
+def _off(name: str, diff: float) -> str:
+    """ "dq: 0.31 off the built-in kernels' (gate 0.05)", or "dq: NaN (gate 0.05)"."""
+    what = "NaN" if diff != diff else f"{diff:.3g} off the built-in kernels'"
+    return f"{name}: {what} (gate {tile_sweep.AGREEMENT:g})"
+
+
+def guard_result(case: Case, overrides: dict[str, TileConfig], device,
+                 builtin: list[torch.Tensor]) -> dict:  # fmt: skip
+    """guard_launch's row (guard_row)."""
+    return guard_row(case, overrides, *guard_launch(case, overrides, device), builtin)
+
+
+def consan_plan(dry: bool) -> list[tuple[str, Case, dict[str, TileConfig]]]:
+    """What ConSan (Triton's concurrency sanitizer) checks, once each in a child of its own
+    (hopper_guard): the guard's smallest case under the Gluon forward (the forward alone), and
+    under the Gluon backward (its forward not instrumented). (what, case, configs)."""
+    first = guard_cases(dry)[0]
+    forward, backward = ws_route.variant_configs("fwd"), ws_route.variant_configs("dkdv")
+    return [("forward", replace(first, name=f"{first.name}{TAGS[FORWARD]}"), forward),
+            ("backward", first, backward)]  # fmt: skip
+
+
+def consan_launch(what: str, case: Case, overrides: dict[str, TileConfig], device,
+                  instrumented) -> dict:  # fmt: skip
+    """A consan_plan case, `instrumented` (a context giving the instrumentation mode in force)
+    around its Gluon kernel's launch alone: the forward's (no backward), or the backward's (its
+    forward before, outside it). Synchronized inside, so ConSan's report (a device-side assert)
+    is raised here. The row's route fields (ws_route.route_fields) say which kernels ran, and
+    instrumentation_mode under which mode."""
+    _, q, k, v = correctness.case_inputs(case, device)
+    synchronize = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
+    with ws_route.overridden(overrides):
+        routes = ws_route.routes(q, k, v, causal=case.causal)
+        if what == "forward":
+            with instrumented as mode:
+                correctness.flash_attn_func(q, k, v, causal=case.causal)
+                synchronize()
+        else:
+            out = correctness.flash_attn_func(q, k, v, causal=case.causal)
+            synchronize()
+            with instrumented as mode:
+                torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+                synchronize()
+    return {"case": case.name, **ws_route.route_fields(routes, ws_route.gluon_kinds(overrides)),
+            "instrumentation_mode": mode}  # fmt: skip

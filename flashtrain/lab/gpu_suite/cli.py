@@ -14,7 +14,8 @@ after every measurement), the sweep's tuning-table-<gpu>.json, pytest.log and py
 two attention plots and the training plot (gpu_suite/plots.py). SIGINT or SIGTERM stops at the
 next measurement boundary and still writes (a second one at once); so does a CUDA fault (every
 later launch would fail alike). Exit 0: every section done; 1: a section failed or is incomplete
-(its status says why); 2: bad use; 130/143: stopped by SIGINT/SIGTERM.
+(its status says why); 2: bad use; 3: a measurement hung past its limit (record.py's watchdog
+ended the call, naming it); 130/143: stopped by SIGINT/SIGTERM.
 See docs/gpu_session.md for the session's calls.
 """
 

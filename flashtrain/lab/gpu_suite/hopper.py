@@ -4,10 +4,11 @@
 docs/gpu_session.md), with issue 30's plain-Triton forward variants timed beside them, in the
 order in which things must happen:
 
-    guard        their first launches, small, in a child process with a timeout, the forward's
-                 first (bench/hopper_guard.py): a hang, a CUDA fault or a declined route there
-                 fails this section ("failed: guard hung: ...") before anything of it runs in the
-                 suite's process; the suite goes on
+    guard        their first launches, small, in a child process with limits, the forward's
+                 first (bench/hopper_guard.py), ConSan beside it: a hang, a CUDA fault, a result
+                 off the built-in kernels', a declined route or a race there fails this section
+                 ("failed: guard hung: ...") before anything of it runs in the suite's process;
+                 the suite goes on
     compile      every launch the section times, at once (Section.compile), a pass per set of
                  configs (tuning.overridden is process-wide): the Gluon backward's, the Gluon
                  forward's, each issue-30 variant's, then today's default
@@ -27,9 +28,12 @@ order in which things must happen:
     flex         FlexAttention on the dense masks, last: each shape is a compile of its own, so
                  one is skipped (budget) when less than FLEX_COMPILE_S is left
 
-On the GPU, a measurement that the route does not give to the Gluon kernels it asks for fails;
-in the dry run (CPU: the route declines them, Gluon kernels do not run there) the rows say which
-forward and backward ran and why, and the check is of the code paths only.
+Every measurement has a limit (LIMITS_S, by kind; Section.measure's watchdog): one past it ends
+the call as "failed: hung: <name> (past its limit of N s)", since a kernel hung in this process
+cannot be interrupted. On the GPU, a measurement that the route does not give to the Gluon
+kernels it asks for fails; in the dry run (CPU: the route declines them, Gluon kernels do not
+run there) the rows say which forward and backward ran and why, and the check is of the code
+paths only.
 """
 
 from __future__ import annotations
@@ -61,6 +65,18 @@ METHODS = ("sdpa_cudnn_attention", hopper_timing.GLUON_METHOD, hopper_timing.GLU
 FLEX = ("flex",)
 FLEX_COMPILE_S = 60.0  # FlexAttention's forward and backward compile at a new shape (H100, warm)
 TABLE_KINDS = ("dkdv", "fwd")  # the table's measurements, a key each per head_dim
+# Each kind of measurement's limit on an H200, about 3x what it should take at worst: the guard
+# its child's timeout and the kill and pipe waits after it; a compile pass its first launches
+# side by side (cold Gluon kernels 5-30 s each, Triton's 2-5 s, front ends sharing the GIL:
+# 30-90 s); a check or a timed method compiled kernels (a form the compile phase missed
+# compiles cold) and a float32 reference (1-2 s at 16K) or rep timed calls; a table key up to
+# four candidates each judged and timed at 4K; a FlexAttention shape its torch.compile (60 s).
+LIMITS_S = {"guard": hopper_guard.LIMITS.timeout_s + 60.0, "compile": 240.0, "check": 90.0,
+            "timing": 90.0, "table": 180.0, "flex": 240.0}  # fmt: skip
+# The dry run's (CPU, toy sizes: a measurement takes well under a few seconds), generous for a
+# loaded machine, where a false hang would end the tests' process
+DRY_LIMITS_S = {"guard": hopper_guard.DRY_LIMITS.timeout_s + 60.0, "compile": 300.0,
+                "check": 300.0, "timing": 300.0, "table": 300.0, "flex": 300.0}  # fmt: skip
 
 
 def _shapes(suite: Suite) -> list[tuple[int, bool, int]]:
@@ -97,6 +113,11 @@ def _table_shapes(suite: Suite) -> dict:
                 device=suite.device)  # fmt: skip
 
 
+def _limit(suite: Suite, kind: str) -> float:
+    """The watchdog's limit of a measurement of `kind` (LIMITS_S)."""
+    return (DRY_LIMITS_S if suite.dry else LIMITS_S)[kind]
+
+
 def _free_cuda() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -116,9 +137,9 @@ def section_hopper(suite: Suite, sec: Section) -> None:
         return
     _compile(suite, sec, checks, shapes)
     _correctness(suite, sec, checks)
-    _timing(suite, sec, shapes, METHODS)
+    _timing(suite, sec, shapes, METHODS, "timing")
     _table(suite, sec, checks)
-    _timing(suite, sec, shapes, FLEX, need_s=0.0 if suite.dry else FLEX_COMPILE_S)
+    _timing(suite, sec, shapes, FLEX, "flex", need_s=0.0 if suite.dry else FLEX_COMPILE_S)
 
 
 def _compile_passes(suite: Suite) -> list[tuple[str, dict, str | None, tuple[str, ...]]]:
@@ -141,7 +162,8 @@ def _compile(suite: Suite, sec: Section, checks, shapes) -> None:
     for tag, overrides, kind, table_kinds in _compile_passes(suite):
         mine = [c for c in checks if kind in c.kinds]
         with ws_route.overridden(overrides):
-            sec.compile(_launches(suite, mine, shapes, tag, table_kinds), suite.compile_workers)
+            sec.compile(_launches(suite, mine, shapes, tag, table_kinds), suite.compile_workers,
+                        limit_s=_limit(suite, "compile"))  # fmt: skip
 
 
 def _skip_rest(sec: Section, reason: str) -> None:
@@ -152,15 +174,14 @@ def _skip_rest(sec: Section, reason: str) -> None:
 
 def _guard(suite: Suite, sec: Section) -> bool:
     """The child's launches: True where it passed; otherwise the rest is skipped, and where it
-    hung, faulted, failed or was declined SectionFailed says so. The outcome is not raised
-    inside measure: a CUDA fault's message there would stop the suite, and the fault was the
-    child's alone."""
+    hung, faulted, failed, was wrong, declined or raced SectionFailed says so. The outcome is
+    not raised inside measure: a CUDA fault's message there would stop the suite, and the fault
+    was the child's alone."""
     g = hopper_guard
-    limits = (g.DRY_RUN_TIMEOUT_S, g.DRY_RUN_IDLE_S) if suite.dry else (g.TIMEOUT_S, g.IDLE_S)
-    timeout, idle = limits
+    limits = g.DRY_LIMITS if suite.dry else g.LIMITS
     row = sec.measure(GUARD, lambda: g.run_guard(
-        suite.dry, require_gluon=not suite.dry, timeout_s=timeout, idle_s=idle,
-        should_stop=lambda: suite.record.stop_reason))  # fmt: skip
+        suite.dry, require_gluon=not suite.dry, limits=limits,
+        should_stop=lambda: suite.record.stop_reason), limit_s=_limit(suite, "guard"))  # fmt: skip
     if row is None:  # not started (budget, a stop), or the guard's own error
         why = sec.data["measured"][GUARD]
         _skip_rest(sec, why.removeprefix("skipped: ") if why.startswith("skipped") else "no guard")
@@ -210,7 +231,8 @@ def _kernels(row: dict) -> str:
 def _correctness(suite: Suite, sec: Section, checks) -> None:
     for check in checks:
         row = sec.measure(check.name, lambda check=check: hopper_checks.run(
-            check, suite.device, require_gluon=not suite.dry))  # fmt: skip
+            check, suite.device, require_gluon=not suite.dry),
+            limit_s=_limit(suite, "check"))  # fmt: skip
         if row:
             verdict = "ok" if row["passed"] else f"FAILED: {row['failure']}"
             print(f"  {check.name}: {_kernels(row)}: {verdict}", flush=True)
@@ -220,9 +242,10 @@ def _correctness(suite: Suite, sec: Section, checks) -> None:
         _free_cuda()
 
 
-def _timing(suite: Suite, sec: Section, shapes, methods, need_s: float = 0.0) -> None:
-    """Every method at every shape, a measurement each; a shape whose methods need need_s
-    (a compile) and have less left is skipped (budget), its estimate in data["estimates"]."""
+def _timing(suite: Suite, sec: Section, shapes, methods, kind: str, need_s: float = 0.0) -> None:
+    """Every method at every shape, a measurement each (limited as `kind`: LIMITS_S); a shape
+    whose methods need need_s (a compile) and have less left is skipped (budget), its estimate
+    in data["estimates"]."""
     for head_dim, causal, seqlen in shapes:
         names = [_timing_name(head_dim, causal, seqlen, m) for m in methods]
         left = sec.deadline - time.monotonic()
@@ -236,17 +259,18 @@ def _timing(suite: Suite, sec: Section, shapes, methods, need_s: float = 0.0) ->
                     "estimated_s": need_s, "left_s": round(left, 1)}  # fmt: skip
             suite.record.save()
             continue
-        _time_shape(suite, sec, names, methods, _dims(suite, head_dim, seqlen), causal)
+        _time_shape(suite, sec, names, methods, _dims(suite, head_dim, seqlen), causal, kind)
         _free_cuda()
 
 
-def _time_shape(suite: Suite, sec: Section, names, methods, dims, causal: bool) -> None:
+def _time_shape(suite: Suite, sec: Section, names, methods, dims, causal: bool,
+                kind: str) -> None:  # fmt: skip
     """Every method on the same inputs of `dims`, a measurement each."""
     built = hopper_timing.methods(*_qkv(suite, dims), causal=causal, names=methods)
     for name, method in zip(names, methods):
         rows = sec.measure(name, lambda method=method: hopper_timing.method_rows(
             method, built[method], dims, causal, suite.sizes.rep, suite.device,
-            require_gluon=not suite.dry, dry=suite.dry))  # fmt: skip
+            require_gluon=not suite.dry, dry=suite.dry), limit_s=_limit(suite, kind))  # fmt: skip
         if rows:
             print(f"  {name}: fwd {rows[0]['ms']} ms, fwd+bwd {rows[1]['ms']} ms", flush=True)
 
@@ -271,7 +295,7 @@ def _table(suite: Suite, sec: Section, checks) -> None:
     for kind, head_dim in _table_keys(suite):
         key = tuning.table_key(kind, head_dim, suite.sizes.dtype)
         found = sec.measure(f"table {key}", lambda kind=kind, head_dim=head_dim: _table_rows(
-            suite, kind, head_dim, verified))  # fmt: skip
+            suite, kind, head_dim, verified), limit_s=_limit(suite, "table"))  # fmt: skip
         for row in found or ():
             rows.append(row)
             verdict = "written" if row["winner"] else f"not written {row.get('note', '')}"

@@ -195,13 +195,20 @@ def _hopper_guard(rows: list[dict]) -> list[str]:
     guard = next((r for r in rows if "outcome" in r), None)
     if guard is None:
         return ["", "Guard (child process): not run."]
-    lines = ["", f"Guard (child process, small shapes; hung: {guard['idle_s']:.0f} s without "
-             f"progress or {guard['timeout_s']:.0f} s in all): "
-             f"**{guard['outcome']}**: {guard['detail']}, in {guard['seconds']} s.", "",
-             "| guard case | kernel | s | max diff vs built-in |", "|---|---|---|---|"]  # fmt: skip
+    cases = ", ".join(f"a {phase} case {s:.0f} s" for phase, s in guard.get("cases_s", {}).items())
+    lines = ["", f"Guard (child process, small shapes and many work items; hung: {cases}, "
+             f"{guard['idle_s']:.0f} s without a line while no case runs, or "
+             f"{guard['timeout_s']:.0f} s in all): **{guard['outcome']}**: {guard['detail']}, "
+             f"in {guard['seconds']} s.", "",
+             "| guard case | kernel | s | max diff vs built-in | wrong |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for r in guard["cases"]:
         lines.append(f"| {r['case']} | {_route(r)} | {r['seconds']} | "
-                     f"{_fmt(r['max_diff_vs_builtin'], 4)} |")  # fmt: skip
+                     f"{_fmt(r['max_diff_vs_builtin'], 4)} | {r.get('wrong') or ''} |")  # fmt: skip
+    consan = "; ".join(f"{r.get('role', 'both kernels')}: **{r['consan']}** ({r['detail']})"
+                       for r in guard.get("consan", []))  # fmt: skip
+    if consan:
+        lines += ["", f"ConSan (Triton's concurrency sanitizer, the smallest case): {consan}."]
     if guard["outcome"] != "passed" and guard["stderr_tail"]:  # what the issue needs
         tail = guard["stderr_tail"].strip().splitlines()[-20:]
         lines += ["", "The child's stderr, last lines:", "", "```", *tail, "```"]
