@@ -54,6 +54,9 @@ def _assert_goal(line: dict) -> None:
     assert line["shared"] <= SHARED_LIMIT and line["loop_spills"] == 0, line
     allowed = D128_STASH_BYTES if " d128 " in line["launch"] + " " else 0
     assert line["spill"] <= allowed, line
+    # a key tile's two waits: S_t retired with the last tile's P V in flight (wait 1), then
+    # that P V before O is rescaled (the one drain)
+    assert (line["loop_drains"], line["loop_waits"]) == (1, 2), line
 
 
 def test_the_gluon_forward_compiles_the_hopper_way(triton_cache):
