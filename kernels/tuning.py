@@ -59,8 +59,9 @@ class TileConfig:
     persistent: bool = False
     # the Gluon kernel for Hopper in FlashAttention-3's structure, where the call is one it
     # covers (kernels/hopper/route.py), else the built-in config: fwd, kernels/hopper/
-    # flash_fwd_ws.py (a loader warp, two consumer warpgroups in ping-pong, persistent); dkdv,
-    # kernels/hopper/flash_bwd_ws.py (a loader warp, two consumer warpgroups, a dQ writer)
+    # flash_fwd_ws.py (a loader warpgroup, two consumer warpgroups in ping-pong, persistent);
+    # dkdv, kernels/hopper/flash_bwd_ws.py (two consumer warpgroups, a loader warp and a dQ
+    # writer sharing a third)
     gluon: bool = False
 
 
