@@ -1,5 +1,5 @@
 """Running scripts/kernel_compile.py from the compile-fact tests of the Gluon kernels, and
-reading its committed Markdown reports back."""
+reading its committed Markdown reports back, and what the PTX says of the partitions' arrivals."""
 
 import os
 import re
@@ -38,3 +38,29 @@ def report_rows(path: Path) -> list[dict]:
                 row[key] = value == "True"
         rows.append(row)
     return rows
+
+
+# a PTX instruction (after an optional predicate) and the ones that order a partition's
+# shared-memory work: a barrier (a warp's own too), an access, a product, a wait, a copy, a fence
+_PTX_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)")
+_ORDERING = ("bar.sync", "barrier.sync", "bar.warp.sync", "ld.shared", "st.shared", "ldmatrix", "stmatrix",
+             "wgmma.", "mbarrier.", "cp.async", "fence.")  # fmt: skip
+
+
+def unsynced_arrives(ptx: str) -> list[tuple[int, str]]:
+    """(line, the ordering instruction before it) of each mbarrier arrival (not a loader's
+    arrive.expect_tx) whose nearest preceding ordering instruction is not a barrier of its
+    partition: one thread would signal while other warps of it may still read or write the
+    buffer it releases. (bar.warp.sync, a warp's own, is listed: enough only for a 1-warp
+    partition.)"""
+    last, unsynced = "", []
+    for number, line in enumerate(ptx.splitlines(), 1):
+        match = _PTX_OP.match(line)
+        if not match or not match.group(1).startswith(_ORDERING):
+            continue
+        op = match.group(1)
+        if op.startswith("mbarrier.arrive") and "expect_tx" not in op:
+            if not last.startswith(("bar.sync", "barrier.sync")):
+                unsynced.append((number, last))
+        last = op
+    return unsynced

@@ -16,7 +16,7 @@ import json
 import re
 
 import pytest
-from compile_testing import RESULTS, report_rows, run_kernel_compile
+from compile_testing import RESULTS, report_rows, run_kernel_compile, unsynced_arrives
 
 from flashtrain.kernels import tuning
 from flashtrain.kernels.hopper import gluon_api
@@ -74,6 +74,23 @@ def test_the_ws_backward_compiles_the_hopper_way(triton_cache):
     ws = [line for line in lines if line["kernel"] == KERNEL]
     assert len(ws) == 1 and ws[0]["block_m"] == 64 and ws[0]["stages"] == 2
     _assert_goal(ws[0], bulk=bool(gluon_api.TMA_REDUCE))
+
+
+def test_every_arrive_follows_a_barrier_of_its_partition(triton_cache):
+    """The consumers release slots, dS^T halves and staging tiles with one thread's
+    mbarrier.arrive and no partition_barrier of their own: the lowering puts a bar.sync of the
+    partition right before each. The one exception allowed is the 1-warp dQ writer's (its
+    warp is its whole partition: bar.warp.sync). The same launch as above (cached)."""
+    run_kernel_compile(triton_cache, "--launches", "hopper", "--only", LAUNCH)
+    ptx = sorted(triton_cache.rglob(f"{KERNEL}.ptx"))
+    assert ptx, "no PTX of the backward in the compile cache"
+    for path in ptx:
+        text = path.read_text()
+        # 4 sites a consumer (ds_ready, dq_ready, q_empty, keys_done), the writer's dq_empty
+        assert text.count("mbarrier.arrive.shared") >= 9, path
+        found = unsynced_arrives(text)
+        writer = 1 if gluon_api.TMA_REDUCE else 0  # Triton 3.6's writer has 2 warps
+        assert len(found) <= writer and all(op == "bar.warp.sync" for _, op in found), found
 
 
 def test_the_ws_backward_keeps_the_launch_contract(triton_cache):

@@ -15,7 +15,7 @@ import json
 import re
 
 import pytest
-from compile_testing import RESULTS, report_rows, run_kernel_compile
+from compile_testing import RESULTS, report_rows, run_kernel_compile, unsynced_arrives
 
 from flashtrain.kernels import tuning
 from flashtrain.kernels.hopper.flash_fwd_ws import CONSUMER_REGISTERS, MAX_REGISTERS
@@ -68,44 +68,20 @@ def test_the_gluon_forward_compiles_the_hopper_way(triton_cache):
     _assert_goal(fwd[0])
 
 
-# a PTX instruction (after an optional predicate) and the ones that order a partition's
-# shared-memory work: a barrier, an access, a product, a wait, a copy, a fence
-_PTX_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)")
-_ORDERING = ("bar.sync", "barrier.sync", "ld.shared", "st.shared", "ldmatrix", "stmatrix",
-             "wgmma.", "mbarrier.", "cp.async", "fence.")  # fmt: skip
-
-
-def _unsynced_arrives(ptx: str) -> list[int]:
-    """The lines of the mbarrier arrivals (not the loader's arrive.expect_tx) whose nearest
-    preceding ordering instruction is not a barrier: one thread would signal while other warps
-    of its warpgroup may still read or write the buffer it releases."""
-    last, unsynced = "", []
-    for number, line in enumerate(ptx.splitlines(), 1):
-        match = _PTX_OP.match(line)
-        if not match or not match.group(1).startswith(_ORDERING):
-            continue
-        op = match.group(1)
-        if op.startswith("mbarrier.arrive") and "expect_tx" not in op:
-            if not last.startswith(("bar.sync", "barrier.sync")):
-                unsynced.append(number)
-        last = op
-    return unsynced
-
-
 def test_every_consumer_arrive_follows_a_barrier_of_its_warpgroup(triton_cache):
     """The kernel releases buffers (K after S, V after P V, Q after the last S) and hands over
     turns with one thread's mbarrier.arrive and no partition_barrier of its own: Triton's
     lowering (3.9) or its barrier pass (3.6) puts a bar.sync right before each. The same launch
     as above (cached); a Triton that stopped doing so would fail here."""
-    assert _unsynced_arrives("wgmma.wait_group.sync.aligned 0;\n"
-                             "@%p1 mbarrier.arrive.shared::cta.b64 _, [%r1];") == [2]  # fmt: skip
+    assert unsynced_arrives("wgmma.wait_group.sync.aligned 0;\n"
+                            "@%p1 mbarrier.arrive.shared::cta.b64 _, [%r1];") == [(2, "wgmma.wait_group.sync.aligned")]  # fmt: skip
     run_kernel_compile(triton_cache, "--launches", "hopper-fwd", "--only", LAUNCH)
     ptx = sorted(triton_cache.rglob(f"{KERNEL}.ptx"))
     assert ptx, "no PTX of the forward in the compile cache"
     for path in ptx:
         text = path.read_text()
         assert text.count("mbarrier.arrive.shared") >= 16, path  # 8 sites a consumer at least
-        assert not _unsynced_arrives(text), (path, _unsynced_arrives(text)[:5])
+        assert not unsynced_arrives(text), (path, unsynced_arrives(text)[:5])
 
 
 def test_the_gluon_forward_keeps_the_launch_contract(triton_cache):
