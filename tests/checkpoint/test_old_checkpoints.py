@@ -9,8 +9,9 @@ fixture folder byte for byte afterwards):
 - load_model of each (run directory, checkpoints folder, step folder) holds exactly the tensors
   read without flashtrain (torch.load; DCP through torch's own dcp_to_torch_save), and names
   the run, the step and the commit of its run.json;
-- the same `python train.py` command today writes bit for bit the fixture's weights: the model
-  built on the meta device and materialised draws the old initial weights, and trains the same;
+- the same `python train.py` command today writes the fixture's weights (to float32 rounding,
+  which differs between CI's hosts): the model built on the meta device and materialised draws
+  the old initial weights, and trains the same;
 - resuming the old checkpoint continues it exactly as an uninterrupted run would have;
 - model.init_from of either (a run folder, the bare model_optim.pt) starts from exactly its
   weights;
@@ -173,12 +174,37 @@ def _train_in_process(overrides: list[str], run_dir: Path, monkeypatch) -> None:
 # kernels the attention's backward sums in another order and c_attn differs in the last bits
 # after two Adam steps (measured: 3e-8 on an AMD EPYC with AVX-512).
 FIXTURE_CPU_KERNELS = "avx2"
+# Even so, CI's hosts differ from run to run, and one of them (stop 58) trained weights that
+# differ from the fixture's although the kernels were pinned. Another host's float32 rounding
+# moves a few weights in the last bits (3e-8 measured on AVX-512), more where Adam divides a
+# near-zero gradient by its own root mean square, but never by more than the two steps' updates
+# taken the other way (2 x (1.5e-4 + 3e-4), the warm-up's lr: UPDATE_BOUND); a different
+# initial draw moves every weight by ~2e-2, and different data (data.num_keys=7) or another
+# update (optim.lr=3.1e-3) moves 88-100% of each tensor's weights past 1e-6 (checked). So:
+# every weight within UPDATE_BOUND, and all but ROUNDING_SHARE of each tensor within
+# ROUNDING_ATOL.
+UPDATE_BOUND = 1e-3
+ROUNDING_ATOL = 1e-6
+ROUNDING_SHARE = 0.01
 
 
-def test_todays_run_writes_the_old_weights_bit_for_bit(tmp_path):
+def _assert_trained_alike(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    off = {}
+    for name, value in want.items():
+        assert got[name].dtype == value.dtype, name
+        diff = (got[name].double() - value.double()).abs()
+        share = float((diff > ROUNDING_ATOL).double().mean())
+        if float(diff.max()) > UPDATE_BOUND or share > ROUNDING_SHARE:
+            off[name] = f"max {float(diff.max()):.2e}, {share:.1%} past {ROUNDING_ATOL}"
+    assert not off, f"weights differ from the fixture's: {off}"
+
+
+def test_todays_run_writes_the_old_weights(tmp_path):
     """The fixture's own command, today (one thread, PyTorch attention, the fixture's CPU
     kernels): the meta-device build, materialised, draws the same initial weights as the old CPU
-    build, and two steps of training give the same weights."""
+    build, and two steps of training give the same weights (bit for bit on the fixture's kind of
+    host; to float32 rounding on another: _assert_trained_alike)."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         pytest.skip(
             f"the fixture's AVX2 kernels do not run on this CPU "
@@ -192,7 +218,7 @@ def test_todays_run_writes_the_old_weights_bit_for_bit(tmp_path):
         map_location="cpu",
         weights_only=True,
     )["model"]
-    _assert_same_tensors(new, _saved_weights("torch", tmp_path))
+    _assert_trained_alike(new, _saved_weights("torch", tmp_path))
 
 
 @pytest.mark.slow  # two `python train.py` runs, ~25-40 s on 2 busy cores
