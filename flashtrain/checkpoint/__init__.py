@@ -6,6 +6,7 @@
 
     read.py            what a trainer checkpoint is; finding, checking and resuming one
     write.py           saving one (every rank its part; meta.json last, with the checksums)
+    async_write.py     the same, written in the background (trainer.async_checkpoint)
     manifest.py        the checksums of a checkpoint's files, and checking them
     run_lock.py        one run at a time per checkpoint folder
     run_info.py        run.json: the commits, device and versions of a run

@@ -3,7 +3,10 @@
     {"commit": "<sha>[-dirty]" | "unknown", "commits": [every start's commit, in order],
      "device": "NVIDIA H100 80GB HBM3" | "2 x NVIDIA H100 ..." | "<CPU model> (2 threads)",
      "world_size", "torch", "triton", "cuda" (None on CPU builds), "python", "started_at",
-     "start_step" (0, or the step a resume started from)}
+     "start_step" (0, or the step a resume started from),
+     "job" (the cluster job that started it: "slurm:<id>" | "torchrun:<run id>" | None),
+     "job_restart" (that job's restart count at this start), "job_command" (its command line:
+     what a restart of the job must repeat to continue the run; flashtrain/train/job_run.py)}
 
 Written by rank 0 at every start (a resume keeps the earlier commits), to a temporary name
 then renamed, so a crash never leaves half a file.
@@ -64,9 +67,17 @@ def read_run_info(run_dir: str | os.PathLike) -> dict:
 
 
 def write_run_info(
-    run_dir: str | os.PathLike, device: torch.device, world_size: int, start_step: int
+    run_dir: str | os.PathLike,
+    device: torch.device,
+    world_size: int,
+    start_step: int,
+    *,
+    job: str | None = None,
+    job_restart: int = 0,
+    job_command: list[str] | None = None,
 ) -> dict:
-    """Record this start in <run_dir>/run.json; returns what was written."""
+    """Record this start in <run_dir>/run.json; returns what was written. job: the key of the
+    cluster job this start belongs to (a restart of it finds this folder by it)."""
     commit = git_commit() or "unknown"
     earlier = read_run_info(run_dir).get("commits", [])
     info = {
@@ -80,6 +91,9 @@ def write_run_info(
         "python": platform.python_version(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "start_step": start_step,
+        "job": job,
+        "job_restart": job_restart,
+        "job_command": job_command,
     }
     path = Path(run_dir) / RUN_INFO_FILE
     temporary = path.with_name(f".{RUN_INFO_FILE}.{os.getpid()}.tmp")

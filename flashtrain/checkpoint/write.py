@@ -16,6 +16,8 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,51 +97,128 @@ def save_checkpoint(
     Rank 0 holds the folder's lock meanwhile (a trainer holds it for its whole run; a caller
     without it takes it here), so nothing it clears away is another live run's. A failure on
     any rank fails the save on every rank and removes the partial checkpoint; a full disk
-    raises NoSpaceError.
+    raises NoSpaceError. (The same steps with the write on a background thread: async_write.py.)
     """
+    opened = begin_save(root, step)
+
+    def write_state() -> Manifest:
+        return write_model_optim(opened.tmp, model_optim_state(model, optimizer, sharded), sharded)
+
+    return complete_save(
+        opened,
+        write_state,
+        trainer_state=trainer_state,
+        meta=meta,
+        config_yaml=config_yaml,
+        sharded=sharded,
+        keep_last=keep_last,
+    )
+
+
+@dataclass
+class OpenSave:
+    """A save under way, from begin_save to complete_save (or discard_save): its temporary
+    folder, the name it gets once complete, and the folder's lock when this process did not hold
+    it already (a tool, a test)."""
+
+    root: Path
+    tmp: Path
+    final: Path
+    hold: contextlib.ExitStack
+
+
+def begin_save(root: str | os.PathLike, step: int) -> OpenSave:
+    """A collective: rank 0 takes the folder's lock if it lacks it, clears away what an
+    interrupted save or prune left, and makes the temporary folder; a failure on any rank is
+    raised on every rank."""
     root = Path(root)
     name = checkpoint_name(step)
-    final = root / name
-    tmp = root / f".{name}.tmp"
-    with contextlib.ExitStack() as hold:
-        _on_every_rank(lambda: _start_save(root, tmp, hold) if is_main_process() else None, tmp)
-        try:  # from here on, tmp is this save's own
-            written: Manifest = {}
+    opened = OpenSave(root, root / f".{name}.tmp", root / name, contextlib.ExitStack())
+    try:
+        on_every_rank(
+            lambda: _start_save(root, opened.tmp, opened.hold) if is_main_process() else None,
+            opened.tmp,
+        )
+    except BaseException:
+        opened.hold.close()
+        raise
+    return opened
 
-            def write_state() -> None:
-                state = None
-                if sharded or is_main_process():
-                    state = {
-                        "model": get_model_state_dict(model),
-                        "optim": get_optimizer_state_dict(model, optimizer),
-                    }
-                if sharded:
-                    import torch.distributed.checkpoint as dcp
 
-                    writer = HashingStorageWriter(tmp)
-                    dcp.save(state, storage_writer=writer)
-                    written.update(writer.entries)
-                elif is_main_process():
-                    written[MODEL_OPTIM] = write_hashed(
-                        tmp / MODEL_OPTIM, lambda f: torch.save(state, f)
-                    )
+def model_optim_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, sharded: bool
+) -> dict[str, Any] | None:
+    """What this rank writes of the model and optimizer: its shards (sharded), or the whole
+    state on rank 0 and None on the others (one file, written by rank 0)."""
+    if not (sharded or is_main_process()):
+        return None
+    return {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+    }
 
-            every_rank = _on_every_rank(write_state, tmp, result=lambda: written)
 
-            def finish() -> None:
-                if not is_main_process():
-                    return
-                files = {file: entry for part in every_rank for file, entry in part.items()}
-                _finish_save(root, tmp, final, files, trainer_state, meta, config_yaml, sharded)
-                if keep_last > 0:
-                    prune_checkpoints(root, keep_last)
+def write_model_optim(tmp: Path, state: dict[str, Any] | None, sharded: bool) -> Manifest:
+    """Write model_optim_state's `state` into the temporary folder, hashing it as it is written
+    (sharded: a collective through torch.distributed.checkpoint); this rank's manifest entries."""
+    if sharded:
+        import torch.distributed.checkpoint as dcp
 
-            _on_every_rank(finish, tmp)
-        except BaseException:
-            if is_main_process():  # every rank has stopped writing into it
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return final
+        writer = HashingStorageWriter(tmp)
+        dcp.save(state, storage_writer=writer)
+        return writer.entries
+    if state is None:
+        return {}
+    return {MODEL_OPTIM: write_hashed(tmp / MODEL_OPTIM, lambda f: torch.save(state, f))}
+
+
+def complete_save(
+    opened: OpenSave,
+    written: Callable[[], Manifest],
+    *,
+    trainer_state: dict[str, Any] | None,
+    meta: dict[str, Any],
+    config_yaml: str,
+    sharded: bool,
+    keep_last: int,
+) -> Path:
+    """A collective: every rank's written() (its part written: its files' manifest entries),
+    then rank 0 writes the trainer state, config and meta.json, renames the folder into place,
+    moves `latest` and prunes to keep_last. A failure on any rank is raised on every rank and
+    the partial folder removed; the lock begin_save took is released either way. Returns the
+    final checkpoint directory."""
+    tmp = opened.tmp
+    try:  # from here on, tmp is this save's own
+        every_rank = on_every_rank(written, tmp)
+
+        def finish() -> None:
+            if not is_main_process():
+                return
+            files = {file: entry for part in every_rank for file, entry in part.items()}
+            _finish_save(
+                opened.root, tmp, opened.final, files, trainer_state, meta, config_yaml, sharded
+            )
+            if keep_last > 0:
+                prune_checkpoints(opened.root, keep_last)
+
+        on_every_rank(finish, tmp)
+    except BaseException:
+        if is_main_process():  # every rank has stopped writing into it
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        opened.hold.close()
+    return opened.final
+
+
+def discard_save(opened: OpenSave) -> None:
+    """Give up a save without finishing it (not a collective; call it once this rank has
+    stopped writing into the folder): rank 0 removes the partial folder, the lock is released."""
+    try:
+        if is_main_process():
+            shutil.rmtree(opened.tmp, ignore_errors=True)
+    finally:
+        opened.hold.close()
 
 
 def _start_save(root: Path, tmp: Path, hold: contextlib.ExitStack) -> None:
@@ -190,16 +269,16 @@ def _finish_save(root, tmp, final, files, trainer_state, meta, config_yaml, shar
         raise LatestNotUpdated(final, e) from e
 
 
-def _on_every_rank(work, tmp: Path, result=lambda: None) -> list:
+def on_every_rank(work: Callable[[], Any], tmp: Path) -> list:
     """Run `work` on every rank, then tell every rank whether any failed (a collective, so no
-    rank waits forever for one that failed): each rank's result(), or the failure raised on
+    rank waits forever for one that failed): each rank's work() value, or the failure raised on
     every rank (a full disk as NoSpaceError)."""
-    failure = None
+    failure = value = None
     try:
-        work()
+        value = work()
     except Exception as e:  # noqa: BLE001 - passed on to the other ranks, then raised
         failure = e
-    outcome = ("failed", _describe_failure(failure, tmp)) if failure else ("ok", result())
+    outcome = ("failed", _describe_failure(failure, tmp)) if failure else ("ok", value)
     outcomes = gather_objects(outcome)
     if failure is not None:
         if _is_no_space(failure):

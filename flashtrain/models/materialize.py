@@ -10,8 +10,10 @@ materialize: in one process (no parameter split over ranks) the model is initial
 exactly as a model built on CPU is (the constructors' own resets, then init_weights, drawn from
 the default generator in the same order: the same seed gives the same weights bit for bit), then
 copied to `device`. Split over ranks (FSDP2's DTensors), each rank initialises its own shards on
-the device, drawing from a stream of its own (the seed and its rank), so the weights have the same
-distribution and no two shards repeat each other; nothing whole is ever allocated.
+the device, drawing from a stream of its own shard (the seed and the shard's index), so the
+weights have the same distribution and no two shards repeat each other, while the replicas of a
+shard (HSDP: the same shard in every shard group) draw the same weights; nothing whole is ever
+allocated.
 
 fill_from: every tensor of a RowSource (a checkpoint's tensors, read a row range at a time) is
 copied into the rows this rank holds; a positional table of another length is read whole (one
@@ -44,10 +46,9 @@ def materialize(model: nn.Module, device: torch.device | str, *, initialise: boo
     if not initialise:
         return
     if is_split_over_ranks(model):
-        rank = torch.distributed.get_rank()
         devices = [device] if device.type != "cpu" else []
-        seed = _rank_seed(torch.initial_seed(), rank)
-        # the run's generators continue as they were: only this block draws from the rank's
+        seed = _rank_seed(torch.initial_seed(), _shard_index(model))
+        # the run's generators continue as they were: only this block draws from the shard's
         with torch.random.fork_rng(devices=devices, device_type=device.type):
             torch.manual_seed(seed)  # CPU and the device alike
             with _local_parameters(model, staging=None):
@@ -70,6 +71,20 @@ def materialize(model: nn.Module, device: torch.device | str, *, initialise: boo
 
 def _rank_seed(seed: int, rank: int) -> int:
     return (seed * 1_000_003 + rank + 1) % (2**63)
+
+
+def _shard_index(model: nn.Module) -> int:
+    """Which shard this rank holds, numbered over the mesh dimensions a parameter is sharded on
+    (the first split one's: FSDP2 places them all alike); replicated dimensions do not count,
+    so a shard's replicas share it. On a 1-D mesh of every rank (FSDP2), the rank itself."""
+    param = next(
+        p for p in model.parameters() if isinstance(p, DTensor) and p.device_mesh.size() > 1
+    )
+    mesh, coordinate, index = param.device_mesh, param.device_mesh.get_coordinate(), 0
+    for dim, placement in enumerate(param.placements):
+        if not placement.is_replicate():
+            index = index * mesh.size(dim) + coordinate[dim]
+    return index
 
 
 class _local_parameters:

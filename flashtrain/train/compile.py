@@ -31,6 +31,7 @@ import torch
 
 from flashtrain.data.registry import DATA
 from flashtrain.train.config import ConfigError, TrainConfig, masks_documents
+from flashtrain.train.distributed import is_sharded
 
 # Ints the blocks read that change per batch, as dynamo names them in Block.forward(x, ctx)
 # (and LlamaBlock's): torch.compiler.config.dynamic_sources makes them symbolic from the first
@@ -110,9 +111,9 @@ def _cuda_graphs_refusal(cfg: TrainConfig, device: torch.device) -> str | None:
             "blocks inside torch.utils.checkpoint (the recomputation frees a graph's inputs "
             "that the recording saw alive; pytorch/pytorch#154306); use model.recompute=none"
         )
-    if t.strategy == "fsdp":
+    if is_sharded(t.strategy):
         return (
-            "cannot run trainer.strategy=fsdp: FSDP2 gathers each block's parameters into "
+            f"cannot run trainer.strategy={t.strategy}: FSDP2 gathers each block's parameters into "
             "storage it frees and allocates again every step, and a graph replays the addresses "
             "it recorded; use trainer.strategy=ddp or single"
         )

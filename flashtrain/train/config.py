@@ -26,7 +26,7 @@ from flashtrain.train.tokenizer_default import tokenizer_from_init, vocabulary_f
 from flashtrain.typed_config import ConfigError, check_choice, to_dataclass
 
 CP_MODES = ("ring", "ulysses", "hybrid")  # trainer.context_parallel_mode
-STRATEGIES = ("auto", "single", "ddp", "fsdp")  # auto: ddp under torchrun, else single
+STRATEGIES = ("auto", "single", "ddp", "fsdp", "hsdp")  # auto: ddp under torchrun, else single
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on CPU
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 
@@ -61,7 +61,12 @@ class FSDPConfig:
 class TrainerConfig:
     max_steps: int = 150  # optimizer steps; 0 builds everything, prints the summary and exits
     device: str = "auto"  # auto | cpu | cuda | cuda:<i>   (torchrun: cuda:<LOCAL_RANK>)
-    strategy: str = "auto"  # auto (ddp under torchrun, else single) | single | ddp | fsdp
+    # auto (ddp under torchrun, else single) | single | ddp | fsdp | hsdp (FSDP2 sharded within
+    # groups of shard_group_size ranks, replicated across them: docs/cluster.md)
+    strategy: str = "auto"
+    # hsdp: ranks per shard group (consecutive ranks; a multiple of context_parallel dividing
+    # the world); null = the ranks per node, raised to a multiple of context_parallel
+    shard_group_size: int | None = None
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
     compile: bool | str = "auto"  # torch.compile each block: auto (CUDA yes, CPU no) | true | false
     # CUDA graphs for the compiled blocks (torch.compile mode="reduce-overhead"): static shapes
@@ -76,6 +81,9 @@ class TrainerConfig:
     ckpt_interval: int = 50  # 0 = only at the end
     ckpt_at_end: bool = True
     keep_last: int = 3  # checkpoints kept on disk (0 = keep all)
+    # write checkpoints in the background (torch.distributed.checkpoint.async_save): training
+    # goes on meanwhile, one save in flight at most; off until a GPU has measured it
+    async_checkpoint: bool = False
     ckpt_dir: str | None = None  # null = <run dir>/checkpoints
     resume: str | None = None  # null | auto (newest in ckpt_dir, if any) | <checkpoint or folder>
     allow_schedule_change: bool = False  # resume across an lr schedule change (docs/training.md)
@@ -477,8 +485,12 @@ def on_rank0(value: Any, other: Any = None) -> Any:
 
 
 def register_resolvers() -> None:
+    from flashtrain.train.job_run import job_run_dir
+
     if not OmegaConf.has_resolver("ft_rank0"):
         OmegaConf.register_new_resolver("ft_rank0", on_rank0)
+    if not OmegaConf.has_resolver("ft_job_run_dir"):  # a restarted job's run folder
+        OmegaConf.register_new_resolver("ft_job_run_dir", job_run_dir)
 
 
 register_resolvers()

@@ -23,6 +23,9 @@ A rank of the group (index r * U + u) holds piece u of ring shard r of every seq
   over the group; the trainer weights each rank's loss by its share of the step's targets times
   the world size, and DDP's / FSDP's mean over all ranks is then exactly that sum, averaged
   token-weighted over the data-parallel groups. One all-reduce, not one per dimension.
+  trainer.strategy=hsdp lays the same ranks out as (replicate, shard) (distributed.wrap_model):
+  a shard group is trainer.shard_group_size consecutive ranks, a multiple of cp, so whole
+  context-parallel groups shard together (torchtitan's dp_shard_cp) and the mean is the same.
 - Loss, token counts, accuracy: the trainer's all-reduces run over the world, which counts every
   token once (the shards are disjoint). A sequence-level loss (classification, mean pooling over
   the whole sequence) is the same on every rank of a group and is counted once per rank in both
@@ -95,7 +98,8 @@ class ContextParallel:
     @property
     def gradient_mesh(self):
         """The 1-D mesh of every rank (dp x cp flattened) that DDP / FSDP2 reduce gradients
-        over; None without context parallelism (the world, as before)."""
+        over (hsdp unflattens it into its shard groups); None without context parallelism (the
+        world, as before)."""
         return self.mesh["dp_cp"] if self.mesh is not None else None
 
     def describe(self) -> str:

@@ -3,11 +3,18 @@
 torchrun (or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) starts
 one process per device; `setup_distributed` joins them with NCCL on GPUs and gloo on CPUs. Without
 those variables the run is a single process and nothing is initialised.
+
+Strategies: single, ddp (every rank holds the whole model), fsdp (FSDP2 shards the parameters,
+gradients and optimizer states over every rank) and hsdp (FSDP2 on a 2-D mesh: sharded within
+shard groups of trainer.shard_group_size consecutive ranks, replicated across the groups, so the
+per-layer all-gathers stay inside a group: a node's, by default). fsdp and hsdp are the sharded
+ones (`is_sharded`), and write the same checkpoints.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +26,7 @@ from torch import nn
 from flashtrain.train.config import ConfigError
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SHARDED_STRATEGIES = ("fsdp", "hsdp")  # FSDP2 shards the parameters: over the world / in groups
 
 
 def local_ranks() -> int:
@@ -101,9 +109,83 @@ def resolve_strategy(strategy: str, world_size: int) -> str:
         return "ddp" if world_size > 1 else "single"
     if strategy == "single" and world_size > 1:
         raise ConfigError(
-            f"trainer.strategy=single with {world_size} processes; use ddp or fsdp under torchrun"
+            f"trainer.strategy=single with {world_size} processes; use ddp, fsdp or hsdp under "
+            "torchrun"
         )
     return strategy
+
+
+def is_sharded(strategy: str) -> bool:
+    """Whether FSDP2 shards the parameters (fsdp over the world, hsdp within shard groups): the
+    model is sharded before its weights are placed, its forward passes are collectives, its
+    checkpoints are written through torch.distributed.checkpoint."""
+    return strategy in SHARDED_STRATEGIES
+
+
+def shard_group_size(trainer_cfg: Any, world_size: int) -> int:
+    """hsdp's shard group: the consecutive ranks one copy of the parameters is sharded over.
+    trainer.shard_group_size, or (null) the ranks per node (local_ranks()), raised to a multiple
+    of trainer.context_parallel when a context-parallel group spans nodes (their lcm): a
+    context-parallel group lies inside one shard group (torchtitan's dp_shard_cp). ConfigError
+    unless it is a multiple of trainer.context_parallel that divides the world size."""
+    cp, given = trainer_cfg.context_parallel, trainer_cfg.shard_group_size
+    size = given if given is not None else math.lcm(local_ranks(), cp)
+    if size >= 1 and world_size % size == 0 and size % cp == 0:
+        return size
+    if given is None:
+        raised = f", raised to a multiple of trainer.context_parallel: {size}"
+        value = (
+            f"null (the ranks per node, {local_ranks()}{raised if size != local_ranks() else ''})"
+        )
+    else:
+        value = str(given)
+    if size < 1:
+        why = "is less than 1"
+    elif world_size % size:
+        why = f"does not divide the world size {world_size}"
+    else:
+        why = f"is not a multiple of trainer.context_parallel={cp} (a sequence's ranks shard together)"
+    allowed = [n for n in range(cp, world_size + 1, cp) if world_size % n == 0]
+    raise ConfigError(
+        f"trainer.shard_group_size={value} {why}; allowed with world size {world_size} and "
+        f"trainer.context_parallel={cp}: {', '.join(map(str, allowed))}"
+    )
+
+
+def check_shard_group(trainer_cfg: Any, strategy: str, world_size: int) -> None:
+    """At start: hsdp's shard group size (shard_group_size's checks); the other strategies
+    refuse a trainer.shard_group_size rather than ignore it."""
+    if strategy == "hsdp":
+        shard_group_size(trainer_cfg, world_size)
+    elif trainer_cfg.shard_group_size is not None:
+        raise ConfigError(
+            f"trainer.shard_group_size={trainer_cfg.shard_group_size} applies to "
+            f"trainer.strategy=hsdp only (this run's: {strategy}); drop it, or use "
+            "trainer.strategy=hsdp"
+        )
+
+
+def state_shards(strategy: str, trainer_cfg: Any, world_size: int) -> int:
+    """The ranks one copy of the weights, gradients and optimizer states is split over (for the
+    memory estimates): the world under fsdp, a shard group under hsdp, 1 otherwise (whole on
+    every rank)."""
+    if strategy == "hsdp":
+        return shard_group_size(trainer_cfg, world_size)
+    return world_size if strategy == "fsdp" else 1
+
+
+def describe_strategy(strategy: str, trainer_cfg: Any, world_size: int) -> str:
+    """The summary's word for the strategy: hsdp says how its ranks are grouped."""
+    if strategy != "hsdp":
+        return strategy
+    group = shard_group_size(trainer_cfg, world_size)
+    if group == world_size:
+        ranks = f"{world_size} rank{'s' if world_size > 1 else ''}"
+        return f"hsdp (one shard group of all {ranks}: the same as fsdp)"
+    return (
+        f"hsdp (sharded in {world_size // group} groups of {group} consecutive ranks, "
+        "replicated across them)"
+    )
 
 
 def resolve_precision(precision: str, device: torch.device, strategy: str) -> str:
@@ -114,7 +196,7 @@ def resolve_precision(precision: str, device: torch.device, strategy: str) -> st
         p = "bf16" if device.type == "cuda" else "fp32"
     if p == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError("this GPU has no bf16; use trainer.precision=fp16 (or fp32)")
-    if p == "fp16" and strategy == "fsdp":
+    if p == "fp16" and is_sharded(strategy):
         raise ConfigError(
             "trainer.precision=fp16 is not supported with FSDP2 here; use bf16 (or fp32)"
         )
@@ -135,7 +217,10 @@ def wrap_model(
     """DDP, or FSDP2 `fully_shard` on every block of model.blocks and then on the root.
 
     mesh: the 1-D DeviceMesh whose ranks reduce gradients (context parallelism: dp x cp
-    flattened, see context_parallel.py); None = every rank of the world."""
+    flattened, see context_parallel.py); None = every rank of the world. hsdp lays those ranks
+    out as a 2-D (replicate, shard) mesh, a shard group being shard_group_size consecutive ranks
+    (whole context-parallel groups, as the dp x cp mesh puts cp innermost); FSDP2 then
+    reduce-scatters within a group and all-reduces across the groups."""
     if strategy == "single":
         return model
     if strategy == "ddp":
@@ -153,19 +238,23 @@ def wrap_model(
             gradient_as_bucket_view=d.gradient_as_bucket_view,
             static_graph=d.static_graph,
         )
-    if strategy == "fsdp":
+    if is_sharded(strategy):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         if not hasattr(model, "blocks"):
-            raise ConfigError("trainer.strategy=fsdp needs a model with .blocks to shard")
+            raise ConfigError(f"trainer.strategy={strategy} needs a model with .blocks to shard")
         f = trainer_cfg.fsdp
         param_dtype = precision if f.param_dtype == "auto" else f.param_dtype
         mp = MixedPrecisionPolicy(
             param_dtype=_DTYPES[param_dtype], reduce_dtype=_DTYPES[f.reduce_dtype]
         )
-        if mesh is None:
-            mesh = init_device_mesh(env.device.type, (env.world_size,))
+        if mesh is None:  # named: hsdp unflattens it by its dimension
+            mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("world",))
+        if strategy == "hsdp":
+            group = shard_group_size(trainer_cfg, mesh.size())
+            names = ("replicate", "shard")
+            mesh = mesh._unflatten(0, (mesh.size() // group, group), names)
         blocks = list(model.blocks)
         for i, block in enumerate(blocks):
             # The last block's parameters are needed again at once by backward: keep them.
@@ -173,7 +262,7 @@ def wrap_model(
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=f.reshard_after_forward)
         return model
-    raise ConfigError(f"unknown trainer.strategy {strategy!r}; use auto, single, ddp or fsdp")
+    raise ConfigError(f"unknown trainer.strategy {strategy!r}; use auto, single, ddp, fsdp or hsdp")
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -19,7 +19,13 @@ from flashtrain.train.context_parallel import (
     planned_context_parallel,
     setup_context_parallel,
 )
-from flashtrain.train.distributed import DistEnv, resolve_strategy
+from flashtrain.train.distributed import (
+    DistEnv,
+    check_shard_group,
+    is_sharded,
+    resolve_strategy,
+    state_shards,
+)
 from flashtrain.train.memory_estimate import (
     BuildMemory,
     MemoryEstimate,
@@ -51,7 +57,7 @@ class World(NamedTuple):
     """The processes a run is planned for: this launch's, or the world a dry run plans for."""
 
     size: int
-    strategy: str  # trainer.strategy resolved for `size`: single, ddp or fsdp
+    strategy: str  # trainer.strategy resolved for `size`: single, ddp, fsdp or hsdp
     plan: BatchPlan
     cp: ContextParallel  # this rank's groups, or (a planned world) the sizes alone
 
@@ -59,11 +65,13 @@ class World(NamedTuple):
 def plan_world(cfg: Any, env: DistEnv, dry_run: bool) -> World:
     """This launch's world, context parallelism set up on it; for a dry run whose
     trainer.context_parallel does not divide it, the planned world (planned_world), which this
-    process is not part of. Each check refuses as for a real run of that world."""
+    process is not part of. Each check refuses as for a real run of that world (hsdp's shard
+    group size among them)."""
     t = cfg.trainer
     size = planned_world(env.world_size, t.context_parallel) if dry_run else env.world_size
     strategy = resolve_strategy(t.strategy, size)
     plan = batch_plan(cfg, size, t.context_parallel)
+    check_shard_group(t, strategy, size)  # refused here, before the model is built
     if size == env.world_size:
         return World(size, strategy, plan, setup_context_parallel(cfg, env))
     return World(size, strategy, plan, planned_context_parallel(cfg, size))
@@ -117,18 +125,18 @@ def memory_for(
     (auto: a GPU's bf16)."""
     precision = estimate_precision(trainer_cfg.precision)
     residual = 4  # the residual stream in the weights' dtype: fp32 under autocast
-    if strategy == "fsdp":
+    if is_sharded(strategy):
         param = trainer_cfg.fsdp.param_dtype
         residual = _BYTES[precision if param == "auto" else param]
     gathered = 0.0
-    if strategy == "fsdp":  # the block in hand and the one prefetched, and its fp32 gradients
+    if is_sharded(strategy):  # the block in hand and the one prefetched, and its fp32 gradients
         block = sum(p.numel() for p in model.blocks[0].parameters())
         gathered = block * (2 * residual + 4)
     return estimate_memory(
         params=model.num_parameters(),
         shapes=layer_shapes(model),
         plan=activation_plan(model, plan, cp, precision, residual),
-        state_shards=plan.world_size if strategy == "fsdp" else 1,
+        state_shards=state_shards(strategy, trainer_cfg, plan.world_size),
         precision=precision,
         gathered=gathered,
     )
@@ -147,20 +155,22 @@ def dry_run_plan(
     gpu_name: this process's GPU, or None (the prediction then assumes ASSUMED_GPU)."""
     memory = memory_for(model, trainer_cfg, world.plan, world.strategy, world.cp)
     assumed = assumed_world_line(launched, world.size, trainer_cfg.context_parallel)
-    lines = memory_lines(memory, model, world.plan, world.strategy)
-    lines.append(build_memory_line(build_memory_for(model, world.strategy, world.plan.world_size)))
+    shards = state_shards(world.strategy, trainer_cfg, world.plan.world_size)
+    lines = memory_lines(memory, model, world.plan, world.strategy, shards)
+    lines.append(build_memory_line(build_memory_for(model, world.strategy, shards)))
     precision = estimate_precision(trainer_cfg.precision)
     lines.append(gpu_step_line(flops_per_token, world.plan, precision, gpu_name))
     return memory, ([assumed] if assumed else []) + lines
 
 
-def build_memory_for(model: Any, strategy: str, world_size: int) -> BuildMemory:
-    """The build-and-load peak per rank (memory_estimate.estimate_build_memory) of `model`."""
+def build_memory_for(model: Any, strategy: str, shards: int) -> BuildMemory:
+    """The build-and-load peak per rank (memory_estimate.estimate_build_memory) of `model`;
+    shards: the ranks a sharded strategy splits the weights over (state_shards)."""
     return estimate_build_memory(
         params=model.num_parameters(),
         largest_tensor=max(p.numel() for p in model.parameters()),
         strategy=strategy,
-        world_size=world_size,
+        shards=shards,
     )
 
 
@@ -192,11 +202,16 @@ def gpu_step_line(
 GPUS_PER_NODE = 8  # the node the host-memory line is for (an H100 / H200 node)
 
 
-def memory_lines(m: MemoryEstimate, model: Any, plan: BatchPlan, strategy: str) -> list[str]:
-    """The summary's lines for estimate `m` of `model` under this plan and strategy."""
-    fsdp = strategy == "fsdp"
+def memory_lines(
+    m: MemoryEstimate, model: Any, plan: BatchPlan, strategy: str, shards: int
+) -> list[str]:
+    """The summary's lines for estimate `m` of `model` under this plan and strategy, its states
+    split over `shards` ranks (state_shards)."""
+    sharded = is_sharded(strategy)
     cfg = model.config
-    shards = f" / {plan.world_size} FSDP2 shards" if fsdp else " (not sharded)"
+    split = f" / {shards} FSDP2 shards" if sharded else " (not sharded)"
+    if strategy == "hsdp":
+        split += " (one shard group; replicated across the groups)"
     tokens = plan.micro_batch_size * plan.seq_len // plan.context_parallel
     tiled = getattr(cfg, "tile_tokens", 0)
     how = f"model.recompute={cfg.recompute}" + (f", MLP tiles of {tiled:,} tokens" if tiled else "")
@@ -205,11 +220,11 @@ def memory_lines(m: MemoryEstimate, model: Any, plan: BatchPlan, strategy: str) 
         f"memory per GPU (estimate: {plan.world_size} GPUs, {strategy}, {m.precision}; "
         "arithmetic, not a measurement):",
         f"  weights + gradients + AdamW states: 16 B x {model.num_parameters():,} params"
-        f"{shards} = {gib(m.states)}",
+        f"{split} = {gib(m.states)}",
         f"  activations of a micro-batch ({tokens:,} tokens per GPU): {gib(m.activations)} "
         f"with {how} ({terms}); {gib(m.activations_other)} with {m.other_recompute}",
     ]
-    if fsdp:
+    if sharded:
         lines.append(
             f"  FSDP2's gathered blocks (in hand, prefetched, their gradients): {gib(m.gathered)}"
         )

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from flashtrain.train.distributed import is_sharded
+
 log = logging.getLogger("flashtrain")
 
 
@@ -113,7 +115,7 @@ def oom_advice(
         hints.append(
             f"micro_batch_size={max(1, mbs // 2)}  (gradient accumulation keeps the global batch)"
         )
-    if cfg.trainer.strategy != "fsdp" and device.type == "cuda":  # ranks on a host share it
+    if not is_sharded(cfg.trainer.strategy) and device.type == "cuda":  # ranks on a host share it
         hints.append("trainer.strategy=fsdp  (shard parameters, gradients and optimizer state)")
     if cfg.trainer.precision in ("fp32",):
         hints.append("trainer.precision=bf16")

@@ -57,7 +57,7 @@ from flashtrain.train.activation_memory import (
     layer_shapes,
 )
 from flashtrain.train.config import BatchPlan
-from flashtrain.train.distributed import local_ranks
+from flashtrain.train.distributed import is_sharded, local_ranks, state_shards
 from flashtrain.train.memory_estimate import STATE_BYTES_PER_PARAM, gib
 from flashtrain.typed_config import ConfigError
 
@@ -158,7 +158,7 @@ def estimate_host_peak(
     params = model.num_parameters()
     act = _ACT_BYTES[precision]
     residual = 4  # the weights' dtype: fp32 (FSDP2's param_dtype below)
-    if strategy == "fsdp" and cfg.trainer.fsdp.param_dtype != "auto":
+    if is_sharded(strategy) and cfg.trainer.fsdp.param_dtype != "auto":
         residual = _ACT_BYTES[cfg.trainer.fsdp.param_dtype]
     batch, seq = plan.micro_batch_size, plan.seq_len // plan.context_parallel
     tokens = batch * seq
@@ -174,7 +174,7 @@ def estimate_host_peak(
     kept_by_blocks = saved.terms["saved blocks"] + saved.terms["block inputs"] + saved.host
     if activation_plan.recomputed:
         kept_by_blocks += block
-    states = STATE_BYTES_PER_PARAM * params / (plan.world_size if strategy == "fsdp" else 1)
+    states = STATE_BYTES_PER_PARAM * params / state_shards(strategy, cfg.trainer, plan.world_size)
     if strategy == "ddp" and plan.world_size > 1 and not cfg.trainer.ddp.gradient_as_bucket_view:
         states += 4.0 * params  # the buckets the gradients are copied into
     route, rows = attention_route(m, cfg.attention, precision)

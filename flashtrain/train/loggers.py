@@ -32,11 +32,14 @@ class MetricSink:
 
 class JsonlSink(MetricSink):
     """One JSON object per line: {"step": N, "train/loss": ..., ...}; appended, flushed each
-    time."""
+    time. A run resumed at step S into its own file first drops the rows past S (a killed
+    start logged them, and the steps are trained again), so the file has each step once."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, resumed_from: int = 0):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resumed_from:
+            _drop_rows_past(self.path, resumed_from)
         self._file = open(self.path, "a")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -48,6 +51,33 @@ class JsonlSink(MetricSink):
 
     def finish(self) -> None:
         self._file.close()
+
+
+def _drop_rows_past(path: Path, step: int) -> None:
+    """Rewrite `path` without its rows of steps after `step` (to a temporary name, then
+    renamed: a kill meanwhile leaves the old file whole). A line that does not parse (the half
+    line of a kill mid-write) goes too."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and int(row.get("step", 0)) <= step:
+            kept.append(line)
+    if len(kept) == len(lines):
+        return
+    log.info(
+        "%s: dropped %d row(s) past step %d (logged before the restart; those steps are trained "
+        "again)", path.name, len(lines) - len(kept), step,
+    )  # fmt: skip
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text("".join(line + "\n" for line in kept))
+    os.replace(temporary, path)
 
 
 class WandbSink(MetricSink):
@@ -150,7 +180,7 @@ def build_loggers(
         return Loggers()
     sinks: list[MetricSink] = []
     if cfg.trainer.metrics_file:
-        sinks.append(JsonlSink(run_dir / cfg.trainer.metrics_file))
+        sinks.append(JsonlSink(run_dir / cfg.trainer.metrics_file, resumed_from=resumed_from))
     if cfg.logger.name == "wandb":
         sinks.append(
             WandbSink(

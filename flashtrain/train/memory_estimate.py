@@ -4,7 +4,8 @@ Used by a dry run's summary (trainer.max_steps=0) and by the context-parallel sc
 (flashtrain/lab/bench/cp_scaling.py). Counted, per GPU:
 
     states       16 bytes per parameter (fp32 weights and gradients, AdamW's two fp32 moments),
-                 sharded over every rank by FSDP2, whole on every rank otherwise
+                 sharded by FSDP2 (over every rank, or hsdp's shard group), whole on every
+                 rank otherwise
     activations  the peak of one micro-batch's forward and backward, term by term, with
                  recomputation, offload, tiling and the context-parallel mode
                  (activation_memory.py); offloaded block inputs are host memory, per rank
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from flashtrain.train.activation_memory import ActivationPlan, LayerShapes, activation_memory
+from flashtrain.train.distributed import is_sharded
 
 GIB = 2**30
 STATE_BYTES_PER_PARAM = 16  # fp32 weights + fp32 gradients + AdamW exp_avg + exp_avg_sq
@@ -50,9 +52,9 @@ def estimate_memory(
     gathered: float = 0.0,
 ) -> MemoryEstimate:
     """One GPU's memory for a micro-batch (plan.tokens tokens: micro_batch_size x seq_len /
-    context_parallel), the states sharded over state_shards ranks (the world under FSDP2, else
-    1); activations by activation_memory.activation_memory, and with the other choice of
-    recomputation (all <-> none) for comparison."""
+    context_parallel), the states sharded over state_shards ranks (the world under fsdp, the
+    shard group under hsdp, else 1); activations by activation_memory.activation_memory, and
+    with the other choice of recomputation (all <-> none) for comparison."""
     mine = activation_memory(shapes, plan)
     other_mode = "none" if plan.recomputed else "all"
     other = replace(
@@ -80,20 +82,20 @@ class BuildMemory:
 
 
 def estimate_build_memory(
-    *, params: int, largest_tensor: int, strategy: str, world_size: int
+    *, params: int, largest_tensor: int, strategy: str, shards: int
 ) -> BuildMemory:
     """The peak per rank of building on the meta device and materialising on a GPU
-    (models/materialize.py). FSDP2: on the device, each rank's fp32 shards; on the host, one
-    tensor at most (the rows being read pass through it; a positional table to resize is read
-    whole). One process or DDP: the whole fp32 model, initialised on the host (bit for bit a
+    (models/materialize.py). FSDP2 (fsdp, hsdp; the weights split over `shards` ranks): on the
+    device, each rank's fp32 shards; on the host, one tensor at most (the rows being read pass
+    through it; a positional table to resize is read whole). One process or DDP: the whole fp32 model, initialised on the host (bit for bit a
     CPU-built model's) and copied to the device. Checkpoint files are memory-mapped: their
     pages are the page cache's, not counted."""
     whole = 4.0 * params
-    if strategy == "fsdp":
+    if is_sharded(strategy):
         return BuildMemory(
-            device=whole / world_size,
+            device=whole / shards,
             host=4.0 * largest_tensor,
-            how=f"FSDP2: the fp32 shards of {world_size} ranks; one tensor on the host",
+            how=f"FSDP2: the fp32 shards of {shards} ranks; one tensor on the host",
         )
     return BuildMemory(device=whole, host=whole, how="the whole fp32 model, on host and device")
 

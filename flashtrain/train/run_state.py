@@ -13,11 +13,12 @@ from typing import Any
 import torch
 
 from flashtrain.checkpoint import read as ckpt
+from flashtrain.checkpoint.async_write import BackgroundSaves
 from flashtrain.checkpoint.write import save_checkpoint
 from flashtrain.collectives import broadcast_object, gather_objects
 from flashtrain.data.stream_identity import OtherDataError
 from flashtrain.train.config import ConfigError, TrainConfig, config_dict, config_yaml
-from flashtrain.train.distributed import DistEnv
+from flashtrain.train.distributed import DistEnv, is_sharded
 from flashtrain.train.optim import (
     describe_schedule_changes,
     follow_schedule_from,
@@ -62,10 +63,18 @@ class RunCheckpoints:
     scaler: torch.amp.GradScaler | None
     data: Any
     state: RunState
+    # This start continues its cluster job's run folder (a restart or requeue: job_run.py): it
+    # resumes from that folder's newest intact checkpoint whatever trainer.resume says. Names
+    # the job and its restart, for the log line; None for any other start.
+    continued_job: str | None = None
+    # trainer.async_checkpoint: the saves written in the background (made at the first save)
+    background: BackgroundSaves | None = None
 
     @property
     def sharded(self) -> bool:
-        return self.strategy == "fsdp"
+        """FSDP2's runs (fsdp, hsdp) write and read the same DCP checkpoints; a resume may switch
+        between them (the data and RNG positions are split by the world and cp sizes alone)."""
+        return is_sharded(self.strategy)
 
     # ------------------------------------------------------------------------------- save
 
@@ -101,9 +110,7 @@ class RunCheckpoints:
             "run_name": self.run_name,
             "tokenizer": ckpt.tokenizer_record(self.data),  # checked when one is rebuilt
         }
-        path = save_checkpoint(
-            self.root,
-            state.step,
+        what = dict(
             model=self.model,
             optimizer=self.optimizer,
             trainer_state=trainer_state,
@@ -112,9 +119,41 @@ class RunCheckpoints:
             sharded=self.sharded,
             keep_last=self.cfg.trainer.keep_last,
         )
+        if self.cfg.trainer.async_checkpoint:  # the folder it gets once written (async_write.py)
+            if self.background is None:
+                timeout = datetime.timedelta(seconds=self.cfg.trainer.dist_timeout_s)
+                self.background = BackgroundSaves(timeout)
+            path = self.background.start(self.root, state.step, **what)  # the previous one first
+            self._note_background_save()
+            return path
+        path = save_checkpoint(self.root, state.step, **what)
         state.last_ckpt = path
         log.info("checkpoint: %s", path)
         return path
+
+    def poll(self) -> None:
+        """At a step boundary: a save written in the background on every rank goes into place
+        (a collective while one is in flight; nothing to do otherwise)."""
+        if self.background is not None:
+            self.background.poll()
+            self._note_background_save()
+
+    def wait(self) -> None:
+        """The save in flight written and put into place (the end of a run, a pre-emption); a
+        failure in the background is raised here as a synchronous save raises it."""
+        if self.background is not None:
+            self.background.wait()
+            self._note_background_save()
+
+    def close(self) -> None:
+        """An error path: a save in flight is given up, its writer stopped and its partial
+        folder removed (not a collective: the other ranks may be gone)."""
+        if self.background is not None:
+            self.background.close()
+
+    def _note_background_save(self) -> None:
+        if self.background.newest is not None:  # the last checkpoint is a complete one
+            self.state.last_ckpt = self.background.newest
 
     # ----------------------------------------------------------------------------- resume
 
@@ -163,14 +202,17 @@ class RunCheckpoints:
         return True
 
     def _resume_target(self) -> Path | None:
-        """The checkpoint trainer.resume names (rank 0 looks, every rank gets its answer)."""
+        """The checkpoint trainer.resume names (rank 0 looks, every rank gets its answer); in a
+        restart of a job, the newest intact one of the job's run when it has one."""
         t = self.cfg.trainer
         target = error = None
         if self.env.is_main:
             try:
-                target = ckpt.resolve_resume(
-                    t.resume, self.root, allow_unverified=t.allow_unverified_checkpoint
-                )
+                target = self._job_restart_target()
+                if target is None:
+                    target = ckpt.resolve_resume(
+                        t.resume, self.root, allow_unverified=t.allow_unverified_checkpoint
+                    )
                 if target is None and t.resume is None:
                     existing = ckpt.find_checkpoints(self.root)
                     if existing:
@@ -185,6 +227,30 @@ class RunCheckpoints:
         if error is not None:
             raise error
         return Path(target) if target else None
+
+    def _job_restart_target(self) -> Path | None:
+        """A restart of a job continues its own run: the newest intact checkpoint in the run's
+        checkpoint folder (damaged newer ones passed over, as trainer.resume=auto does), else
+        None (what trainer.resume says holds then: killed before its first checkpoint)."""
+        if self.continued_job is None:
+            return None
+        t = self.cfg.trainer
+        target = ckpt.resolve_resume(
+            "auto", self.root, allow_unverified=t.allow_unverified_checkpoint
+        )
+        if target is None:
+            then = f"trainer.resume={t.resume}" if t.resume else "a fresh start"
+            log.info(
+                "%s continues its run: no intact checkpoint in %s yet, so %s",
+                self.continued_job, self.root, then,
+            )  # fmt: skip
+        else:
+            log.info(
+                "%s continues its run: resuming from %s, the newest intact checkpoint of the "
+                "job's run (its run folder records the job; no trainer.resume needed)",
+                self.continued_job, target,
+            )  # fmt: skip
+        return target
 
     def _restore_data_position(self, data_state: dict, target: Path) -> None:
         """The saved stream position, unless it was saved on other data: then refuse, or with

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from flashtrain.collectives import all_reduce_sum
-from flashtrain.train.distributed import DistEnv
+from flashtrain.train.distributed import DistEnv, is_sharded
 from flashtrain.train.prefetch import StepBatches, to_device
 
 
@@ -28,7 +28,7 @@ def host_values(values: torch.Tensor) -> list[float]:
 
 def autocast(precision: str, strategy: str, device: torch.device):
     """bf16 / fp16 autocast, except under FSDP2 (its mixed-precision policy casts instead)."""
-    if precision in ("bf16", "fp16") and strategy != "fsdp":
+    if precision in ("bf16", "fp16") and not is_sharded(strategy):
         dtype = torch.bfloat16 if precision == "bf16" else torch.float16
         return torch.autocast(device.type, dtype=dtype)
     return contextlib.nullcontext()
@@ -40,7 +40,7 @@ def gradient_sync(model: torch.nn.Module, strategy: str, sync: bool):
         return contextlib.nullcontext()
     if hasattr(model, "no_sync"):  # DDP
         return model.no_sync()
-    if strategy == "fsdp":
+    if is_sharded(strategy):
         return _fsdp_no_sync(model)
     return contextlib.nullcontext()
 

@@ -29,6 +29,7 @@ from torch.profiler import record_function
 from flashtrain.checkpoint import initial_weights
 from flashtrain.checkpoint.run_info import write_run_info
 from flashtrain.checkpoint.run_lock import CheckpointDirBusy, RunLock
+from flashtrain.checkpoint.shared_folder import check_same_folder_on_every_rank
 from flashtrain.checkpoint.sources import check_source
 from flashtrain.collectives import broadcast_object
 from flashtrain.data import build_data
@@ -46,8 +47,11 @@ from flashtrain.train.cpu_threads import (
 )
 from flashtrain.train.distributed import (
     DistEnv,
+    describe_strategy,
+    is_sharded,
     resolve_precision,
     setup_distributed,
+    state_shards,
     teardown_distributed,
     unwrap,
     wrap_model,
@@ -64,6 +68,7 @@ from flashtrain.train.host_memory import (
     process_rss,
 )
 from flashtrain.train.interval import IntervalStats
+from flashtrain.train.job_run import continues_job_run, current_job
 from flashtrain.train.loggers import Loggers, build_loggers
 from flashtrain.train.memory_estimate import MemoryEstimate
 from flashtrain.train.metric_names import (
@@ -133,7 +138,7 @@ class Trainer:
         self.cfg = cfg = validate_config(cfg)
         t = cfg.trainer
         self.env: DistEnv = setup_distributed(
-            t.device, t.dist_timeout_s, need_group=t.strategy == "fsdp"
+            t.device, t.dist_timeout_s, need_group=is_sharded(t.strategy)
         )
         try:
             self._build(run_dir, choices or {})
@@ -162,6 +167,12 @@ class Trainer:
             broadcast_object(str(Path(run_dir).absolute()) if env.is_main else None)
         )
         self.ckpt_root = Path(t.ckpt_dir) if t.ckpt_dir else self.run_dir / "checkpoints"
+        # The cluster job this start belongs to (rank 0's view), and whether it continues the
+        # run folder its job recorded: a restart or requeue (flashtrain/train/job_run.py).
+        self.job = broadcast_object(current_job() if env.is_main else None)
+        self.continues_job = broadcast_object(
+            continues_job_run(self.run_dir, self.job) if env.is_main else None
+        )
         self.choices = broadcast_object(choices if env.is_main else None)
         self.run_name = cfg.name or self._default_name()
         self.history: list[tuple[int, float]] = []
@@ -280,6 +291,7 @@ class Trainer:
             scaler=self.scaler,
             data=self.data,
             state=self.state,
+            continued_job=self.job.describe() if self.continues_job else None,
         )
 
     def _check_sources(self) -> None:
@@ -307,7 +319,7 @@ class Trainer:
                 mesh=self.cp.gradient_mesh,
             )  # fmt: skip
 
-        if self.strategy == "fsdp":
+        if is_sharded(self.strategy):
             model = place(model)
         with from_config("model"):
             initial_weights(
@@ -321,9 +333,10 @@ class Trainer:
                 "%.2f GiB)", rss, self.host_memory.per_rank / 2**30,
             )  # fmt: skip
         else:
-            estimate = build_memory_for(unwrap(model), self.strategy, env.world_size)
+            shards = state_shards(self.strategy, t, env.world_size)
+            estimate = build_memory_for(unwrap(model), self.strategy, shards)
             log.info("initial weights placed: %s", build_peak_line(env.device, estimate))
-        return model if self.strategy == "fsdp" else place(model)
+        return model if is_sharded(self.strategy) else place(model)
 
     def _lock_checkpoint_folder(self) -> None:
         """Rank 0 takes the lock on the checkpoint folder (creating it: the check that it can
@@ -340,6 +353,10 @@ class Trainer:
         error = broadcast_object(error)
         if error is not None:
             raise error
+        if self.env.world_size > 1:  # several nodes must share it: checked before training
+            check_same_folder_on_every_rank(
+                self.ckpt_root, is_main=self.env.is_main, setting="trainer.ckpt_dir"
+            )
 
     def _default_name(self) -> str:
         exp = self.choices.get("experiment")
@@ -384,7 +401,8 @@ class Trainer:
         if self.cp.enabled:
             lines.append(self.cp.describe())
         lines.append(
-            f"device: {env.device}  strategy: {self.strategy}  precision: "
+            f"device: {env.device}  strategy: "
+            f"{describe_strategy(self.strategy, t, self.world_size)}  precision: "
             f"{self.precision}  world: {self.world_size}  compiled blocks: "
             f"{'yes' if self.compile_blocks else 'no'}"
         )
@@ -435,22 +453,27 @@ class Trainer:
                     on_step(self.step)
                 self.progress.step(self.step)
                 done = self.step >= t.max_steps
-                # The checkpoint first: what can fail after it (logging, evaluation) must not
-                # lose the steps since the last one.
+                # The step's metrics before its checkpoint: a kill between the two leaves rows
+                # past the newest checkpoint, which the resume drops (loggers.JsonlSink), never
+                # a checkpointed step without its row, so metrics.jsonl has each step once.
+                if self.step % t.log_interval == 0 or done or stop:
+                    self._log_interval()
                 if (
                     stop
                     or (t.ckpt_interval and self.step % t.ckpt_interval == 0)
                     or (done and t.ckpt_at_end)
                 ):
                     path = self.save()
-                if self.step % t.log_interval == 0 or done or stop:
-                    self._log_interval()
+                else:  # trainer.async_checkpoint: a save written on every rank goes into place
+                    self.checkpoints.poll()
                 if stop:  # no evaluation in a scheduler's short grace period
+                    self.checkpoints.wait()  # written in the background: complete before exit
                     raise Preempted(self.step, str(path))
                 if (t.eval_interval and self.step % t.eval_interval == 0) or (
                     done and t.eval_at_end
                 ):
                     self.evaluate()
+            self.checkpoints.wait()  # the run ends once a save in the background is complete
         elapsed = time.perf_counter() - start_time
         self.progress.close()
         summary = self._summary()
@@ -488,7 +511,12 @@ class Trainer:
         }
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            write_run_info(self.run_dir, env.device, env.world_size, self.step)
+            job = self.job
+            write_run_info(
+                self.run_dir, env.device, env.world_size, self.step,
+                job=job.key if job else None, job_restart=job.restart if job else 0,
+                job_command=list(job.command) if job else None,
+            )  # fmt: skip
             with atomic_path(self.run_dir / CONFIG_FILE) as tmp:  # never half a config
                 tmp.write_text(config_yaml(self.cfg))
         self.loggers = build_loggers(
@@ -498,7 +526,7 @@ class Trainer:
             config=config,
             is_main=env.is_main,
             resume_id=self.state.wandb_id,
-            resumed_from=self.step,  # TensorBoard hides what a crash logged past the checkpoint
+            resumed_from=self.step,  # what a crash logged past the checkpoint is dropped / hidden
         )
         if self.loggers.wandb is not None:
             self.state.wandb_id = self.loggers.wandb.id
@@ -598,7 +626,7 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """The validation metrics (flashtrain/train/evaluation.py), logged and kept."""
-        sharded = self.strategy == "fsdp"
+        sharded = is_sharded(self.strategy)
         model = self.model if sharded else self.raw_model
         metrics = evaluate_model(
             model,
@@ -621,6 +649,8 @@ class Trainer:
         return self.checkpoints.save(self.data_state)
 
     def close(self, clean: bool = False) -> None:
+        if self.checkpoints is not None:  # an error path: no writer left running, no partial
+            self.checkpoints.close()  # folder left (a clean end has waited for its save)
         if self.progress is not None:
             self.progress.close()
         self.loggers.finish()
