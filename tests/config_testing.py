@@ -45,3 +45,19 @@ def group_options(group: str) -> list[str]:
     """The options of a config group: configs/<group>/**/*.yaml without the suffix."""
     root = CONFIGS / group
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def train_testing():
+    """tests/train/train_testing.py (TINY, run_train, subprocess_env, the metrics readers) for a
+    test outside tests/train: that folder is on sys.path only when one of its modules was
+    collected, so the module is loaded from its file otherwise."""
+    if "train_testing" not in sys.modules:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "train_testing", REPO / "tests" / "train" / "train_testing.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["train_testing"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["train_testing"]

@@ -9,7 +9,6 @@ resume=auto continues from it exactly."""
 from __future__ import annotations
 
 import errno
-import importlib.util
 import logging
 import os
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from config_testing import REPO, compose
+from config_testing import REPO, compose, train_testing
 from torch import nn
 
 import flashtrain.checkpoint.async_write as async_write
@@ -36,24 +35,10 @@ from flashtrain.train import main, run
 from flashtrain.train.entry import EXIT_NO_SPACE
 from flashtrain.train.faults import Preempted
 
-TESTS = Path(__file__).resolve().parents[1]
 HANG_GUARD_S = 120  # only ever reached when something hangs
 
 
-def _train_testing():
-    """tests/train/train_testing.py: on sys.path only when a tests/train module was collected,
-    so loaded from its file otherwise."""
-    if "train_testing" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "train_testing", TESTS / "train" / "train_testing.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["train_testing"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["train_testing"]
-
-
-_tt = _train_testing()
+_tt = train_testing()
 TINY, subprocess_env, step_losses, run_train = (
     _tt.TINY,
     _tt.subprocess_env,

@@ -21,16 +21,15 @@ fixture folder byte for byte afterwards):
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 import shutil
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from config_testing import train_testing
 
 from flashtrain.checkpoint import initial_weights, load_model
 from flashtrain.models import build_model
@@ -59,20 +58,7 @@ TORCH_OVERRIDES = [
 ]
 
 
-def _train_testing():
-    """tests/train/train_testing.py (run_train, metrics files): on sys.path only when a
-    tests/train module was collected, so loaded from its file otherwise."""
-    if "train_testing" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "train_testing", TESTS / "train" / "train_testing.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["train_testing"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["train_testing"]
-
-
-_tt = _train_testing()
+_tt = train_testing()
 read_metrics, run_train, step_losses = _tt.read_metrics, _tt.run_train, _tt.step_losses
 
 
