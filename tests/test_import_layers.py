@@ -1,6 +1,6 @@
 """The layers import one way: inference -> train -> checkpoint -> hf -> models -> attention ->
 kernels, data beside models (it imports neither models nor attention), leaf utilities
-(typed_config, file_integrity, utils, collectives) importable by all, the lab (flashtrain.lab:
+(typed_config, file_integrity, no_space, utils, collectives) importable by all, the lab (flashtrain.lab:
 tooling that knows the checkout) above everything, its own parts layered too (checkout,
 experiments at the bottom; bench; reports; the programs on top), and no import cycle anywhere,
 not even through an import inside a function. Every package and every lab part has a layer."""
@@ -17,13 +17,14 @@ from config_testing import REPO
 LIBRARY = {
     "typed_config": set(),
     "file_integrity": set(),
+    "no_space": set(),  # a write refused for want of space (full disk, quota): NoSpaceError
     "utils": set(),
     "collectives": set(),  # broadcast / gather that are no-ops without a process group
     "plots": {"data"},  # matplotlib figures for the reports (lab) and evaluate (inference)
     "kernels": set(),
     "attention": {"kernels", "typed_config"},
     "models": {"attention", "kernels", "typed_config"},
-    "data": {"typed_config", "file_integrity"},
+    "data": {"typed_config", "file_integrity", "no_space"},
     # hf: the weight mappings, transformers folders read lazily, from_hf / to_hf, the attention
     # registration; knows nothing of checkpoints or training
     "hf": {"models", "data", "attention", "kernels", "typed_config", "file_integrity", "utils"},
@@ -37,6 +38,7 @@ LIBRARY = {
         "kernels",
         "typed_config",
         "file_integrity",
+        "no_space",
         "utils",
         "collectives",
     },
@@ -48,13 +50,14 @@ LIBRARY = {
         "kernels",
         "typed_config",
         "file_integrity",
+        "no_space",
         "utils",
         "collectives",
     },
     # after training: sampling and evaluation load models through checkpoint; nothing that
     # knows the checkout (the decode benchmark is lab.bench.decode; evaluate's configs folder
     # comes from its caller); train only for its config schemas (evaluate --data)
-    "inference": {"checkpoint", "models", "data", "train", "attention", "plots"},
+    "inference": {"checkpoint", "models", "data", "train", "attention", "plots", "no_space"},
 }
 LAB_BASE = set(LIBRARY) | {"lab", "lab.checkout"}  # what every part of the lab may use
 ALLOWED = {

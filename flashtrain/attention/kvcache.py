@@ -117,8 +117,9 @@ def _block_table(block_table, batch: int, device, cache_batch_idx) -> torch.Tens
 
 
 def _check_values(cache_seqlens, new_len, cache_len, cache_batch_idx, cache_rows, leftpad,
-                  block_table=None) -> None:  # fmt: skip
-    """Index values that would otherwise write or read outside the cache (CPU tensors, or
+                  block_table=None, *, appends: bool = False) -> None:  # fmt: skip
+    """Index values that would otherwise write or read outside the cache, or (appends: k, v
+    given) write two entries' keys into one cache row (CPU tensors, or
     FLASHTRAIN_CHECK_INPUTS=1: reading them costs a host sync on a GPU)."""
     if not validation.values_checked(cache_seqlens.device):
         return
@@ -134,6 +135,8 @@ def _check_values(cache_seqlens, new_len, cache_len, cache_batch_idx, cache_rows
             raise ValueError(
                 f"cache_batch_idx must index the cache's {cache_rows} rows, got {idx.tolist()}"
             )
+        if appends:
+            _check_unique_rows(idx)
     if block_table is not None:
         pages = block_table.cpu()
         if bool((pages < 0).any()) or bool((pages >= cache_rows).any()):
@@ -147,6 +150,22 @@ def _check_values(cache_seqlens, new_len, cache_len, cache_batch_idx, cache_rows
                 f"cache_leftpad must lie in [0, cache_seqlens]; got {pad.tolist()} with "
                 f"cache_seqlens={lens.tolist()}"
             )
+
+
+def _check_unique_rows(cache_batch_idx: torch.Tensor) -> None:
+    """flash-attn's contract: entries that append k, v name distinct cache rows. Two entries
+    of one row would write their keys into the same slots, each attending the other's (the
+    last write wins here; a race in a fused kernel). Reading one row from several entries,
+    without k, v, is fine."""
+    rows, counts = cache_batch_idx.unique(return_counts=True)
+    repeated = counts > 1
+    if bool(repeated.any()):
+        row, times = int(rows[repeated][0]), int(counts[repeated][0])
+        raise ValueError(
+            f"cache_batch_idx names cache row {row} for {times} entries while k, v "
+            f"are appended (got {cache_batch_idx.tolist()}): entries that append must use "
+            "distinct rows (repeated rows are allowed only without k, v)"
+        )
 
 
 def _check_rotary_length(seqlen_ro: int, start: torch.Tensor, new_len: int, q_rows: int) -> None:
@@ -247,7 +266,8 @@ def flash_attn_with_kvcache(
         lens = torch.full((batch,), cache_len, dtype=torch.int32, device=device)
     else:
         lens = _cache_seqlens_tensor(cache_seqlens, batch, device, cache_len, new_len)
-    _check_values(lens, new_len, cache_len, cache_batch_idx, cache_rows, cache_leftpad, block_table)
+    _check_values(lens, new_len, cache_len, cache_batch_idx, cache_rows, cache_leftpad, block_table,
+                  appends=k is not None)  # fmt: skip
     slopes = validation.check_alibi_slopes(alibi_slopes, batch, heads_q, device)
     left, right = fold_window(validation.check_window(window_size), causal, cache_len)
     rotary = rotary_cos is not None or rotary_sin is not None

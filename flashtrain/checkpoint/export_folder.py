@@ -32,6 +32,7 @@ from pathlib import Path
 
 from flashtrain.checkpoint import lock_file
 from flashtrain.file_integrity import fsync_directory
+from flashtrain.no_space import no_space_errno, refused_file
 
 log = logging.getLogger("flashtrain.checkpoint")
 
@@ -292,6 +293,10 @@ def _write_errno(e: Exception, out: Path) -> int | None:
     """The errno of a refused write of this export; None for anything else."""
     if isinstance(e, OutDirNotWritable):
         return None
+    space = no_space_errno(e)  # full or over quota, in whatever a library wrapped it
+    if space is not None:
+        refused = refused_file(e)
+        return space if refused is None or _is_ours(refused, out) else None
     if isinstance(e, OSError):
         code = e.errno
         if e.filename is not None and not _is_ours(Path(os.fsdecode(e.filename)), out):

@@ -44,10 +44,6 @@ def damaged(problem: str, advice: str) -> CheckpointError:
     return CheckpointError(f"{problem} {advice}", problem=problem)
 
 
-class NoSpaceError(RuntimeError):
-    """The disk filled while a checkpoint was written (the partial one is removed)."""
-
-
 def write_hashed(path: Path, write: Callable) -> dict:
     """Create `path`, let write(f) fill it, fsync it; return its manifest entry."""
     with open(path, "wb") as raw:

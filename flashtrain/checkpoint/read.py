@@ -13,6 +13,8 @@ Layout of one checkpoint (a directory under the run's checkpoints/ folder):
         *.distcp, .metadata   the same, sharded, through torch.distributed.checkpoint (format
                        "dcp": FSDP2; every rank writes its own shards)
     latest             the name of the newest checkpoint
+    abandoned/<when>/step_...   the checkpoints a branch (a resume from an older step) left:
+                       kept whole, outside every lookup below (write.set_aside_newer_checkpoints)
 
 Loading checks every file against the checksums first; `resume=auto` passes over a damaged
 checkpoint to the newest intact one, as do the commands after training (export, generate,
@@ -88,7 +90,8 @@ def checkpoint_step(path: Path) -> int:
 
 
 def find_checkpoints(root: str | os.PathLike) -> list[StoredCheckpoint]:
-    """Complete checkpoints under `root` (those with a meta.json), oldest first."""
+    """Complete checkpoints under `root` (those with a meta.json), oldest first: its top level
+    only, so the lines a branch set aside (abandoned/) are never among them."""
     root = Path(root)
     if not root.is_dir():
         return []

@@ -6,7 +6,9 @@
      "start_step" (0, or the step a resume started from),
      "job" (the cluster job that started it: "slurm:<id>" | "torchrun:<run id>" | None),
      "job_restart" (that job's restart count at this start), "job_command" (its command line:
-     what a restart of the job must repeat to continue the run; flashtrain/train/job_run.py)}
+     what a restart of the job must repeat to continue the run; flashtrain/train/job_run.py),
+     "ckpt_dir" (the run's checkpoint folder, relative to the run folder when inside it: the
+     run that owns the folder; flashtrain/train/run_folder.py)}
 
 Written by rank 0 at every start (a resume keeps the earlier commits), to a temporary name
 then renamed, so a crash never leaves half a file.
@@ -75,9 +77,11 @@ def write_run_info(
     job: str | None = None,
     job_restart: int = 0,
     job_command: list[str] | None = None,
+    ckpt_dir: str | None = None,
 ) -> dict:
     """Record this start in <run_dir>/run.json; returns what was written. job: the key of the
-    cluster job this start belongs to (a restart of it finds this folder by it)."""
+    cluster job this start belongs to (a restart of it finds this folder by it); ckpt_dir: the
+    run's checkpoint folder, as run_folder.ckpt_dir_record gives it."""
     commit = git_commit() or "unknown"
     earlier = read_run_info(run_dir).get("commits", [])
     info = {
@@ -94,6 +98,7 @@ def write_run_info(
         "job": job,
         "job_restart": job_restart,
         "job_command": job_command,
+        "ckpt_dir": ckpt_dir,
     }
     path = Path(run_dir) / RUN_INFO_FILE
     temporary = path.with_name(f".{RUN_INFO_FILE}.{os.getpid()}.tmp")

@@ -3,8 +3,9 @@
 An advisory flock on the folder's .lock file that says who holds it (lock_file.py, shared with
 the export's claim on its OUT_DIR): the kernel releases it when its holder exits in any way, kill
 -9 included, so a killed run never blocks the next one, and a second run is refused naming the
-first (host, pid, run name, since). Taking the lock is also the start-up check that the folder
-can be created and written (trainer.ckpt_dir a file, or not writable).
+first (host, pid, run name, since). Taking the lock is also the check that the folder can be
+created and written (trainer.ckpt_dir a file, or not writable); check_checkpoint_folder looks
+for the same before the model is built, dry runs included, writing nothing.
 """
 
 from __future__ import annotations
@@ -17,17 +18,29 @@ from pathlib import Path
 
 from flashtrain.checkpoint import lock_file
 from flashtrain.checkpoint.manifest import CheckpointError
+from flashtrain.checkpoint.writable_folder import (
+    check_writable_folder,
+    reason_of,
+    unusable_folder,
+)
 from flashtrain.typed_config import ConfigError
 
 log = logging.getLogger("flashtrain.checkpoint")
 
 LOCK_FILE = ".lock"
+CKPT_DIR, CHECKPOINTS = "trainer.ckpt_dir", "checkpoints"  # how a refused folder is named
 
 _held: dict[Path, RunLock] = {}  # the folders this process holds, by resolved path
 
 
 class CheckpointDirBusy(CheckpointError):
     """Another live run holds the checkpoint folder."""
+
+
+def check_checkpoint_folder(root: str | os.PathLike) -> None:
+    """At start, dry runs included, before the model is built: refuse a checkpoint folder that
+    looking shows the lock could not be taken in (writable_folder.py), in acquire()'s words."""
+    check_writable_folder(root, CKPT_DIR, CHECKPOINTS)
 
 
 def holds_lock(root: str | os.PathLike) -> bool:
@@ -103,14 +116,7 @@ class RunLock:
                 self._made_root = True
             return open(path, "a+")  # noqa: SIM115 - held until release()
         except OSError as e:
-            if isinstance(e, FileExistsError | NotADirectoryError):
-                what = "is not a directory (a file is in the way)"
-            else:
-                what = f"cannot be created or written ({e.strerror})"
-            raise ConfigError(
-                f"trainer.ckpt_dir {self.root} {what}: checkpoints need a folder this run can "
-                f"create and write; point trainer.ckpt_dir at one"
-            ) from e
+            raise self._unusable(e) from e
 
     def _take_over(self) -> None:
         """Holding the lock: say whose run left it, if one was killed, and write our name."""
@@ -127,11 +133,13 @@ class RunLock:
             lock_file.write_holder(self._handle, run=self.run_name)
         except OSError as e:  # the folder exists but takes no writes (read-only, full)
             self._close()
-            raise ConfigError(
-                f"trainer.ckpt_dir {self.root} cannot be written ({e.strerror}): checkpoints "
-                f"need a folder this run can write; point trainer.ckpt_dir at one"
-            ) from e
+            raise self._unusable(e) from e
         _held[self.root.resolve()] = self
+
+    def _unusable(self, error: OSError) -> ConfigError:
+        """The refusal of a folder that failed its creation or first write: in the words of
+        the start-up check (writable_folder.py) that looked at it before the model was built."""
+        return unusable_folder(CKPT_DIR, self.root, reason_of(error), CHECKPOINTS)
 
     def release(self) -> None:
         """Let go: delete the lock file while still holding it (a run waiting on it then

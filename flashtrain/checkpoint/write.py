@@ -3,15 +3,19 @@
 Everything is written into `.step_000200.tmp/` and renamed into place only when complete, so a
 kill at any moment leaves the previous checkpoints intact and never a half-written `latest`.
 Every file is hashed while it is written; meta.json, written last, lists them all. A failure on
-any rank fails the save on every rank and removes the partial folder; a full disk raises
-NoSpaceError. Pruning removes a checkpoint's meta.json before the rest, so a prune cut short never
+any rank fails the save on every rank and removes the partial folder; a full disk or a spent
+quota raises NoSpaceError. Pruning removes a checkpoint's meta.json before the rest, so a prune cut short never
 leaves something that looks like a checkpoint but lacks its tensors.
+
+A folder holds one line of checkpoints: a run that continues from an older step (a resume from
+it, or a save of an older step) moves the newer ones aside into abandoned/ first
+(set_aside_newer_checkpoints), so pruning and every "newest" lookup see the run's own line only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
+import datetime
 import json
 import logging
 import os
@@ -29,7 +33,6 @@ from flashtrain.checkpoint.manifest import (
     CheckpointError,
     HashingStorageWriter,
     Manifest,
-    NoSpaceError,
     complete_manifest,
     write_hashed,
 )
@@ -47,6 +50,7 @@ from flashtrain.checkpoint.read import (
 from flashtrain.checkpoint.run_lock import RunLock, holds_lock
 from flashtrain.collectives import gather_objects, is_main_process
 from flashtrain.file_integrity import fsync_directory
+from flashtrain.no_space import NoSpaceError, free_space, no_space_errno, shortage
 
 log = logging.getLogger("flashtrain.checkpoint")
 
@@ -96,8 +100,8 @@ def save_checkpoint(
 
     Rank 0 holds the folder's lock meanwhile (a trainer holds it for its whole run; a caller
     without it takes it here), so nothing it clears away is another live run's. A failure on
-    any rank fails the save on every rank and removes the partial checkpoint; a full disk
-    raises NoSpaceError. (The same steps with the write on a background thread: async_write.py.)
+    any rank fails the save on every rank and removes the partial checkpoint; a full disk or a
+    spent quota raises NoSpaceError. (The same steps with the write on a background thread: async_write.py.)
     """
     opened = begin_save(root, step)
 
@@ -136,7 +140,7 @@ def begin_save(root: str | os.PathLike, step: int) -> OpenSave:
     opened = OpenSave(root, root / f".{name}.tmp", root / name, contextlib.ExitStack())
     try:
         on_every_rank(
-            lambda: _start_save(root, opened.tmp, opened.hold) if is_main_process() else None,
+            lambda: _start_save(root, step, opened.tmp, opened.hold) if is_main_process() else None,
             opened.tmp,
         )
     except BaseException:
@@ -221,11 +225,13 @@ def discard_save(opened: OpenSave) -> None:
         opened.hold.close()
 
 
-def _start_save(root: Path, tmp: Path, hold: contextlib.ExitStack) -> None:
+def _start_save(root: Path, step: int, tmp: Path, hold: contextlib.ExitStack) -> None:
     root.mkdir(parents=True, exist_ok=True)
     if not holds_lock(root):  # called outside a run (a tool, a test): hold it for this save
         hold.enter_context(RunLock(root, f"save_checkpoint in pid {os.getpid()}"))
-    _remove_leftovers(root)
+    # what a kill left cleared; newer checkpoints (a save of an older step) moved aside, so
+    # the prune after this save never takes them for the newest
+    set_aside_newer_checkpoints(root, step)
     tmp.mkdir()
 
 
@@ -272,7 +278,7 @@ def _finish_save(root, tmp, final, files, trainer_state, meta, config_yaml, shar
 def on_every_rank(work: Callable[[], Any], tmp: Path) -> list:
     """Run `work` on every rank, then tell every rank whether any failed (a collective, so no
     rank waits forever for one that failed): each rank's work() value, or the failure raised on
-    every rank (a full disk as NoSpaceError)."""
+    every rank (a full disk or quota as NoSpaceError)."""
     failure = value = None
     try:
         value = work()
@@ -281,7 +287,7 @@ def on_every_rank(work: Callable[[], Any], tmp: Path) -> list:
     outcome = ("failed", _describe_failure(failure, tmp)) if failure else ("ok", value)
     outcomes = gather_objects(outcome)
     if failure is not None:
-        if _is_no_space(failure):
+        if no_space_errno(failure) is not None:
             raise NoSpaceError(_describe_failure(failure, tmp)[1]) from failure
         raise failure
     for rank, (status, value) in enumerate(outcomes):
@@ -293,32 +299,22 @@ def on_every_rank(work: Callable[[], Any], tmp: Path) -> list:
     return [value for _, value in outcomes]
 
 
-def _is_no_space(error: BaseException) -> bool:
-    """ENOSPC anywhere in the chain (torch.save reports it as a RuntimeError caused by it)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(error):  # DCP collects its writers' errors as text
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def _describe_failure(error: BaseException | None, tmp: Path) -> tuple[str, str]:
-    if isinstance(error, LatestNotUpdated) and _is_no_space(error):
+    """("no_space", the line) for a full disk or a spent quota (flashtrain/no_space.py: in
+    whatever torch.save or DCP wrapped it), else ("other", the error)."""
+    code = no_space_errno(error)
+    if isinstance(error, LatestNotUpdated) and code is not None:
         return "no_space", (
-            f"no space left on the device writing {error.final.parent / 'latest'}: checkpoint "
+            f"{shortage(code)} writing {error.final.parent / 'latest'}: checkpoint "
             f"{error.final} is complete and kept (trainer.resume=auto finds it), only `latest` "
-            f"still names the one before; free space on {error.final.parent} (or lower "
+            f"still names the one before; {free_space(code, error.final.parent)} (or lower "
             f"trainer.keep_last), then continue with trainer.resume=auto"
         )
-    if error is not None and _is_no_space(error):
+    if code is not None:
         final = tmp.parent / tmp.name[1 : -len(".tmp")]
         return "no_space", (
-            f"no space left on the device writing checkpoint {final}: the partial "
-            f"checkpoint was removed, the earlier ones are intact; free space on {tmp.parent} "
+            f"{shortage(code)} writing checkpoint {final}: the partial "
+            f"checkpoint was removed, the earlier ones are intact; {free_space(code, tmp.parent)} "
             f"(or lower trainer.keep_last), then continue with trainer.resume=auto"
         )
     return "other", f"{type(error).__name__}: {error}"
@@ -352,3 +348,61 @@ def prune_checkpoints(root: str | os.PathLike, keep_last: int) -> None:
         fsync_directory(info.path)
     for info in doomed:
         shutil.rmtree(info.path, ignore_errors=True)
+
+
+ABANDONED = "abandoned"  # in a checkpoint folder: the lines of checkpoints a branch left
+
+
+def set_aside_newer_checkpoints(root: str | os.PathLike, step: int) -> list[Path]:
+    """The branch rule (docs/training.md, "Branching from an older checkpoint"): a run that
+    continues from step `step` owns the folder's line from there, so every checkpoint in `root`
+    newer than `step`, intact or not, is moved into abandoned/<when>/ inside it, kept whole and
+    named in a warning. find_checkpoints reads the folder's top level only, so neither a prune
+    nor any "newest" lookup (trainer.resume=auto, a job's restart, export, generate) ever takes
+    one of them for the run's; `latest` then names the newest checkpoint left. What an
+    interrupted save or prune left is cleared first (a checkpoint moved aside to be replaced
+    goes back into place, and is then set aside with the others if newer). Rank 0, holding the
+    folder's lock. Returns where each went."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    _remove_leftovers(root)
+    newer = sorted(
+        (info.path for info in find_checkpoints(root) if info.step > step), key=checkpoint_step
+    )
+    if not newer:
+        return []
+    aside = _new_abandoned_folder(root)
+    moved = []
+    for folder in newer:  # renames within the folder: each checkpoint moves whole or not at all
+        os.rename(folder, aside / folder.name)
+        moved.append(aside / folder.name)
+    fsync_directory(aside)
+    fsync_directory(root)
+    kept = find_checkpoints(root)
+    if kept:
+        _atomic_write_text(root / "latest", kept[-1].path.name + "\n")
+    else:
+        (root / "latest").unlink(missing_ok=True)
+    log.warning(
+        "checkpoint folder %s: the run goes on from step %d, so its newer checkpoint(s) %s "
+        "(a line this run does not continue) were moved to %s, kept whole; no resume, prune, "
+        "export or generate takes them from there unless named (delete it once not needed)",
+        root, step, ", ".join(p.name for p in moved), aside,
+    )  # fmt: skip
+    return moved
+
+
+def _new_abandoned_folder(root: Path) -> Path:
+    """abandoned/<date>_<time>/ (a -2, -3 ... suffix when two branches share the second)."""
+    when = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    parent = root / ABANDONED
+    parent.mkdir(exist_ok=True)
+    folder, n = parent / when, 1
+    while True:
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            n += 1
+            folder = parent / f"{when}-{n}"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flashtrain.data.hf_tokenizer import hf_reference, is_hf_tokenizer
-from flashtrain.data.pathfinder.generator import RESOLUTIONS
+from flashtrain.data.pathfinder.generator import RESOLUTIONS, check_contour_length
 from flashtrain.data.tokenization import TOKENIZER_CHOICES
 from flashtrain.typed_config import check_choice
 
@@ -120,6 +120,9 @@ class LMCorpusConfig(CorpusConfig):
     loader: str = "lm_corpus"
     name: str = "corpus"
     eos_policy: str = "append"  # append: <eos> after every document | none
+    # hf: tokenizers: the token that ends a document (None: the one its tokenizer_config.json
+    # names, else its one end-of-text special token, e.g. <|endoftext|>: hf_tokenizer.py)
+    eos_token: str | None = None
     # attention stays inside each EOS-separated document (varlen kernel, positions restart);
     # needs attention=flash; no effect with eos_policy=none
     document_masking: bool = True
@@ -129,6 +132,11 @@ class LMCorpusConfig(CorpusConfig):
     def __post_init__(self):
         super().__post_init__()
         check_choice(self.eos_policy, ("append", "none"), "data.eos_policy")
+        if self.eos_token is not None and not is_hf_tokenizer(self.tokenizer):
+            raise ValueError(
+                f"data.eos_token={self.eos_token!r} names the EOS of an hf: tokenizer; "
+                f"data.tokenizer={self.tokenizer} has its own: leave data.eos_token unset"
+            )
         at_least(self, 0, "shuffle_buffer")  # 0: no shuffle
 
 
@@ -176,7 +184,8 @@ class PathfinderConfig(CachedDataConfig):
     loader: str = "pathfinder"
     name: str = "pathfinder"
     resolution: int = 128  # 32 | 64 | 128 (Path-X) | 256 (Path-256); seq_len = resolution**2
-    contour_length: int = 14  # LRA difficulty: 6 (easy), 9, 14 (hard)
+    # LRA difficulty: 6 (easy), 9, 14 (hard); at most generator.MAX_CONTOUR_LENGTHS
+    contour_length: int = 14
     num_samples: int = 200_000  # LRA used 200K images per difficulty
     generator_seed: int = 0
     # generator processes: null or 1 = the calling process, N > 1 = N workers (the calling
@@ -188,8 +197,8 @@ class PathfinderConfig(CachedDataConfig):
 
     def __post_init__(self):
         check_choice(self.resolution, RESOLUTIONS, "data.resolution")
-        if self.contour_length < 2:
-            raise ValueError(f"data.contour_length must be >= 2 paddles, got {self.contour_length}")
+        # what the generator can lay out: refused here, dry runs included, not mid-generation
+        check_contour_length(self.resolution, self.contour_length, "data.contour_length")
         if self.num_samples < MIN_PATHFINDER_SAMPLES:  # 80/10/10: two images in each held-out split
             raise ValueError(
                 f"data.num_samples must be >= {MIN_PATHFINDER_SAMPLES} (validation and test get "

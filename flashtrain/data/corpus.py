@@ -10,6 +10,8 @@ fraction of the documents (`val_fraction`, `split_seed`), or for pysrc a fractio
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -20,10 +22,18 @@ import numpy as np
 
 from flashtrain.data import pysrc
 from flashtrain.data.config import CorpusConfig, cache_root
-from flashtrain.data.files import describe_missing, exclusive_lock, remove_stale_temporaries
+from flashtrain.data.corpus_check import read_errors_explained
+from flashtrain.data.files import (
+    describe_missing,
+    exclusive_lock,
+    remove_stale_temporaries,
+    scratch_folder,
+)
 from flashtrain.data.text_encoding import UTF8_BUILDERS, check_utf8
 from flashtrain.data.token_cache import VERSION, open_token_file, write_token_file
-from flashtrain.data.tokenization import Tokenizer
+from flashtrain.data.tokenization import Tokenizer, no_eos_error
+from flashtrain.no_space import free_space, no_space_named, shortage
+from flashtrain.typed_config import ConfigError
 
 LOCAL_BUILDERS = {
     ".txt": "text",
@@ -84,20 +94,35 @@ def load_split(cfg: CorpusConfig, split: str, *, streaming: bool = False):
             for file in files:
                 check_utf8(file, f"data.{key}")
         extra = {"sample_by": cfg.sample_by} if builder == "text" else {}
-        return load_dataset(
-            builder,
-            data_files={split: files},
-            split=split,
-            streaming=streaming,
-            cache_dir=_hf_cache(cfg),
-            **extra,
-        )
+        with read_errors_explained(files, f"data.{key}", builder):
+            return load_dataset(
+                builder,
+                data_files={split: files},
+                split=split,
+                streaming=streaming,
+                cache_dir=_hf_cache(cfg),
+                **extra,
+            )
     hub_split = cfg.train_split if split == "train" else cfg.val_split
     if hub_split is None:
         return None
     return load_dataset(
         cfg.hub_name, cfg.hub_config, split=hub_split, streaming=streaming, cache_dir=_hf_cache(cfg)
     )
+
+
+def read_documents(cfg: CorpusConfig, split: str, stream):
+    """The documents of a streamed split (load_split(..., streaming=True), then skipped,
+    shuffled or split by node), read as they are iterated: local files that `datasets` fails
+    to read (a truncated .jsonl, files with other fields) are one ConfigError line naming the
+    file and line (corpus_check.py), not a parser's traceback in the middle of training."""
+    if not cfg.data_files:
+        yield from stream
+        return
+    key = "data_files" if split == "train" else "val_files"
+    files = resolve_local_files(getattr(cfg, key))
+    with read_errors_explained(files, f"data.{key}", local_builder(files)):
+        yield from stream
 
 
 def require_source(cfg: CorpusConfig) -> None:
@@ -152,9 +177,10 @@ def _no_files_under(cfg: CorpusConfig, prefix: str) -> str:
     return f"pysrc: no .py files under {where} (data.pysrc_under={cfg.pysrc_under!r}: {allowed})"
 
 
-def train_val_splits(cfg: CorpusConfig):
+def train_val_splits(cfg: CorpusConfig, scratch: Path | None = None):
     """(train, validation) Datasets; validation carved deterministically when the source lacks it.
-    pysrc splits by path hash (its test files are left out of both)."""
+    pysrc splits by path hash (its test files are left out of both). scratch: a folder for the
+    carved splits' index files (else `datasets` leaves them beside its copy of the source)."""
     if cfg.source == "pysrc":
         splits = pysrc.load_pysrc(
             None,
@@ -177,7 +203,13 @@ def train_val_splits(cfg: CorpusConfig):
     if len(train) < 2:
         raise ValueError(f"corpus has {len(train)} document(s); need >= 2 to split off validation")
     n_val = min(len(train) - 1, max(1, round(len(train) * cfg.val_fraction)))
-    parts = train.train_test_split(test_size=n_val, seed=cfg.split_seed, shuffle=True)
+    indices = {}
+    if scratch is not None:
+        indices = {
+            "train_indices_cache_file_name": str(scratch / "train-indices.arrow"),
+            "test_indices_cache_file_name": str(scratch / "validation-indices.arrow"),
+        }
+    parts = train.train_test_split(test_size=n_val, seed=cfg.split_seed, shuffle=True, **indices)
     return parts["train"], parts["test"]
 
 
@@ -227,14 +259,28 @@ def corpus_cache_dir(cfg: CorpusConfig, tokenizer: Tokenizer, eos_policy: str) -
 
 
 def tokenize(
-    dataset, tokenizer: Tokenizer, *, text_field: str, eos_policy: str, num_proc: int | None
+    dataset,
+    tokenizer: Tokenizer,
+    *,
+    text_field: str,
+    eos_policy: str,
+    num_proc: int | None,
+    cache_file: Path | None = None,
 ):
-    """Map documents to token ids (+ EOS), dropping empty ones; parallel with a progress bar."""
+    """Map documents to token ids (+ EOS), dropping empty ones; parallel with a progress bar.
+    cache_file: where `datasets` writes the result (one file per worker process, named after
+    it); default beside the source's files."""
     from datasets import Features, List, Value
 
     if text_field not in dataset.column_names:
         raise KeyError(
             f"documents have no '{text_field}' field (have {dataset.column_names}); set data.text_field"
+        )
+    kind = getattr(dataset.features[text_field], "dtype", None)
+    if kind not in ("string", "large_string"):  # e.g. numbers: encode() would fail mid-map
+        raise ConfigError(
+            f"data.text_field '{text_field}' holds {dataset.features[text_field]} values, not "
+            f"text: name the field that holds each document's text"
         )
     eos = [tokenizer.eos_id] if eos_policy == "append" else []
 
@@ -252,6 +298,7 @@ def tokenize(
         num_proc=num_proc,
         features=Features({"ids": List(Value("uint32")), "length": Value("int64")}),
         desc="tokenizing",
+        cache_file_name=None if cache_file is None else str(cache_file),
     )
 
 
@@ -267,23 +314,74 @@ def prepare_corpus(
 ) -> dict[str, Path]:
     """Build (or verify) the token cache of both splits; returns {split: path}. Safe to call from
     every rank at once: one prepares under a lock, the others then find the finished files.
-    eos_policy: append (<eos> after every document) | none."""
+    eos_policy: append (<eos> after every document) | none.
+
+    `datasets`' intermediate files (its tokenized copy, the split's indices) go to a scratch
+    folder in the cache folder, removed when the cache is built. A build that fails removes what
+    it wrote, and a full disk or spent quota is one line naming the folder and data.cache_dir
+    (NoSpaceError)."""
     directory = corpus_cache_dir(cfg, tokenizer, eos_policy)
     if eos_policy == "append" and tokenizer.eos_id is None:
-        raise ValueError(f"tokenizer '{tokenizer.name}' has no EOS token; set data.eos_policy=none")
+        raise no_eos_error(tokenizer, "or set data.eos_policy=none")
     paths = {split: directory / f"{split}.bin" for split in SPLITS}
     with exclusive_lock(directory.parent, f".{directory.name}.lock"):
-        for p in paths.values():
+        for p in [*paths.values(), directory / SCRATCH]:
             remove_stale_temporaries(p)
         if all(p.exists() for p in paths.values()):
             for p in paths.values():  # refuse rather than silently rebuild a damaged cache
                 # (header and size here; open_corpus checks the body next)
                 open_token_file(p, tokenizer=tokenizer.name, eos_policy=eos_policy, verify=False)
             return paths
-        directory.mkdir(parents=True, exist_ok=True)
-        spec = source_spec(cfg, tokenizer, eos_policy)
-        (directory / "spec.json").write_text(json.dumps(spec, indent=1, sort_keys=True))
-        splits = dict(zip(SPLITS, train_val_splits(cfg)))
+        no_space = functools.partial(_no_space_message, cache_root(cfg), directory)
+        with no_space_named(no_space), _removed_unless_complete(directory, paths):
+            _build_cache(cfg, tokenizer, eos_policy, paths, progress=progress)
+    return paths
+
+
+def _no_space_message(root: Path, directory: Path, code: int, refused: Path | None) -> str:
+    """The line for a token cache build that ran out of space (or quota): under data.cache_dir,
+    or where `datasets` or the hub keep their own files when the refused file is there."""
+    if refused is not None and not refused.absolute().is_relative_to(root.absolute()):
+        where = f"{free_space(code, refused.parent)}, where {refused.name} was being written"
+    else:
+        where = (
+            f"{free_space(code, root)} (data.cache_dir), or set data.cache_dir to a folder on "
+            "another disk"
+        )
+    return (
+        f"{shortage(code)} building the token cache {directory}: the partial files were "
+        f"removed; {where}"
+    )
+
+
+SCRATCH = "datasets"  # the scratch folder's name: .datasets.<pid>-<id>.tmp in the cache folder
+SPEC = "spec.json"
+
+
+@contextlib.contextmanager
+def _removed_unless_complete(directory: Path, paths: dict[str, Path]):
+    """A build that fails leaves nothing: the token files it finished (a cache is complete
+    with all of them or useless), spec.json and the cache folder, once empty."""
+    try:
+        yield
+    except BaseException:
+        for path in [*paths.values(), directory / SPEC]:
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty: something else is in it, kept
+            directory.rmdir()
+        raise
+
+
+def _build_cache(
+    cfg: CorpusConfig, tokenizer: Tokenizer, eos_policy: str, paths: dict, *, progress: bool
+) -> None:
+    """Write the token files `paths` ({split: path}, in one folder); call holding its lock."""
+    directory = paths["train"].parent
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = source_spec(cfg, tokenizer, eos_policy)
+    (directory / SPEC).write_text(json.dumps(spec, indent=1, sort_keys=True))
+    with scratch_folder(directory / SCRATCH) as scratch:
+        splits = dict(zip(SPLITS, train_val_splits(cfg, scratch)))
         for split, dataset in splits.items():
             tokenized = tokenize(
                 dataset,
@@ -291,6 +389,7 @@ def prepare_corpus(
                 text_field=cfg.text_field,
                 eos_policy=eos_policy,
                 num_proc=cfg.num_proc,
+                cache_file=scratch / f"{split}-tokens.arrow",
             )
             lengths = np.asarray(tokenized["length"], dtype=np.int64)
             write_token_file(
@@ -305,7 +404,6 @@ def prepare_corpus(
                 source=_header_source(spec, directory.name),
                 progress=progress,
             )
-    return paths
 
 
 def _header_source(spec: dict, cache_name: str) -> str:

@@ -53,11 +53,29 @@ def atomic_path(path: Path):
                 os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_directory(path.parent)  # the rename itself survives a power cut
+    except OSError as e:
+        if e.errno is None or e.filename is not None:
+            raise
+        # a write's error names no file (a full disk: flashtrain/no_space.py); this one does
+        raise OSError(e.errno, e.strerror, str(path)) from e
     finally:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.exists():
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def scratch_folder(path: Path):
+    """Yield a new empty folder named temporary_sibling(path), for a library's intermediate
+    files (`datasets`' cache-*.arrow), removed with everything in it when the block ends, also
+    on failure; what a kill -9 left, remove_stale_temporaries(path) removes."""
+    folder = temporary_sibling(Path(path))
+    folder.mkdir(parents=True)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager

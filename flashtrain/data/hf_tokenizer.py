@@ -232,6 +232,52 @@ def _missing_for_sentencepiece() -> list[str]:
     return [] if is_sentencepiece_available() else ["sentencepiece"]
 
 
+# The end-of-text tokens of the common tokenizer families (GPT-2's, and BPEs trained with the
+# `tokenizers` library's examples; Llama-2, Mistral and T5's; Llama-3's; Gemma's). A folder whose
+# config files name no eos_token (a bare tokenizer.json) ends documents in the one of these among
+# its special tokens; with none, or more than one, it is data.eos_token's to say (not guessed).
+END_OF_TEXT_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+
+
+def special_added_tokens(backend) -> list[str]:
+    """The tokens a `tokenizers` Tokenizer holds as special added tokens, in id order."""
+    added = backend.get_added_tokens_decoder()
+    return [added[i].content for i in sorted(added) if added[i].special]
+
+
+def recognised_eos(backend) -> str | None:
+    """The one END_OF_TEXT_TOKENS entry among the backend's special tokens, else None."""
+    found = [t for t in special_added_tokens(backend) if t in END_OF_TEXT_TOKENS]
+    return found[0] if len(found) == 1 else None
+
+
+def no_eos_reason(kind: str, folder: Path, backend) -> str:
+    """Why the tokenizer of `folder` (data.tokenizer=`kind`) has no EOS token, and how to name
+    one: the start of the one-line error of a run that ends documents in it."""
+    specials = special_added_tokens(backend)
+    known = [t for t in specials if t in END_OF_TEXT_TOKENS]
+    why = (
+        f"{' and '.join(known)} are all end-of-text tokens"
+        if known
+        else f"none of its special tokens is one of {', '.join(END_OF_TEXT_TOKENS)}"
+    )
+    listed = ", ".join(specials[:12]) + (", ..." if len(specials) > 12 else "") or "none"
+    return (
+        f"tokenizer {kind} ({folder}) has no EOS token: no tokenizer_config.json or "
+        f"special_tokens_map.json names an eos_token, and {why}; name the token that ends a "
+        f"document with data.eos_token (its special tokens: {listed})"
+    )
+
+
+def eos_not_in_vocabulary(kind: str, folder: Path, token: str, backend) -> ConfigError:
+    """data.eos_token names a token the tokenizer does not have."""
+    specials = ", ".join(special_added_tokens(backend)[:12]) or "none"
+    return ConfigError(
+        f"data.eos_token={token!r} is not a token of tokenizer {kind} ({folder}); name one of "
+        f"its tokens, e.g. one of its special tokens: {specials}"
+    )
+
+
 def special_tokens(folder: Path) -> dict[str, str]:
     """{Tokenizer attribute: token} of bos / eos / pad / unk as the folder's
     tokenizer_config.json names them (transformers' precedence), else its

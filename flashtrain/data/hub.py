@@ -37,11 +37,15 @@ def hub_offline() -> bool:
 
 
 def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
-    return Path(home).expanduser() / "hub"
+    """The Hugging Face hub cache as huggingface_hub itself resolves it (HF_HUB_CACHE, else the
+    older HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+    ~/.cache/huggingface/hub): its constants.HF_HUB_CACHE, read at each call. The library
+    computes that from the environment once, when it is first imported; so does every tool built
+    on it (hf download, transformers' from_pretrained), and this follows it rather than the
+    environment, so that all of them in one process look in one cache."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
 
 
 def looks_like_hub_id(ref: str) -> bool:
@@ -107,6 +111,21 @@ def hub_errors_explained(what: str, repo_id: str, key: str, files: tuple[str, ..
             f"could not download {what} into {hub_cache_dir()}: {type(e).__name__}: {first}; "
             f"or pass a local folder: {key}=hf:/path/to/folder"
         ) from e
+
+
+def cached_folders(repo_ids: list[str], filenames: tuple[str, ...]) -> list[Path]:
+    """The cache folders (each repository's snapshot of its main revision) holding any of
+    `filenames`, in order, found with huggingface_hub's own lookup (try_to_load_from_cache):
+    files a user fetched with the hub's tools, wherever its environment put the cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    folders: list[Path] = []
+    for repo in repo_ids:
+        for name in filenames:
+            found = try_to_load_from_cache(repo, name, cache_dir=hub_cache_dir())
+            if isinstance(found, str) and Path(found).parent not in folders:
+                folders.append(Path(found).parent)
+    return folders
 
 
 def _hub_entry(name: str) -> tuple[str, tuple[str, ...]]:

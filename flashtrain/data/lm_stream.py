@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from flashtrain.data.config import LMCorpusConfig, cache_root, check_vocab_size
-from flashtrain.data.corpus import load_split, resolve_local_files
+from flashtrain.data.corpus import load_split, read_documents, resolve_local_files
 from flashtrain.data.lm_batches import fixed_windows, lm_batch
 from flashtrain.data.module import DataModule, DataRun
 from flashtrain.data.sampling import check_same_stream
 from flashtrain.data.stream_identity import IDENTITY_KEY, check_same_data, short_hash
-from flashtrain.data.tokenization import build_tokenizer
+from flashtrain.data.tokenization import build_tokenizer, no_eos_error
 
 _DOCS_PER_READ = 64  # documents tokenized together
 
@@ -39,7 +39,7 @@ class StreamingLM(DataModule):
         self.cfg = cfg
         self.tokenizer = build_tokenizer(cfg, cache_root(cfg))
         if self.tokenizer.eos_id is None:
-            raise ValueError(f"tokenizer '{self.tokenizer.name}' has no EOS to join documents with")
+            raise no_eos_error(self.tokenizer, "streamed documents are joined with it")
         self.vocab_size = check_vocab_size(cfg, self.tokenizer.vocab_size, self.tokenizer.name)
         self.eos_id = self.tokenizer.eos_id
         self.document_masking = cfg.document_masking  # documents are always EOS-separated here
@@ -61,7 +61,7 @@ class StreamingLM(DataModule):
         documents until they fill eval_batches batches on every rank."""
         if self._held_out is None:
             needed = self.eval_batches * self.micro_batch_size * self.world_size * self.window
-            docs = iter(load_split(self.cfg, "train", streaming=True))
+            docs = read_documents(self.cfg, "train", load_split(self.cfg, "train", streaming=True))
             pieces: list[np.ndarray] = []
             total = 0
             while total < needed:
@@ -106,7 +106,12 @@ class StreamingLM(DataModule):
     def train_batches(self):
         needed = self.micro_batch_size * self.window
         while True:
-            docs = iter(self._documents(self.epoch).skip(self.docs_read))
+            # This rank's documents already read are passed over here, not with the stream's
+            # skip(): `datasets` applies split_dataset_by_node after a later skip, so that skips
+            # in the stream of all ranks, and a rank resumed re-reads its own documents.
+            docs = itertools.islice(
+                read_documents(self.cfg, "train", self._documents(self.epoch)), self.docs_read, None
+            )
             exhausted = False
             while not exhausted:
                 while len(self.pending) < needed and not exhausted:
@@ -126,7 +131,8 @@ class StreamingLM(DataModule):
     def val_batches(self):
         if self._val is None:
             if self.has_val_split:
-                tokens = self._encode(list(load_split(self.cfg, "validation", streaming=True)))
+                stream = load_split(self.cfg, "validation", streaming=True)
+                tokens = self._encode(list(read_documents(self.cfg, "validation", stream)))
             else:
                 tokens = self.held_out()[1]
             self._val = fixed_windows(

@@ -14,7 +14,7 @@ import hashlib
 import numpy as np
 import torch
 
-from flashtrain.data.config import LongDocConfig, cache_root, check_vocab_size, require
+from flashtrain.data.config import LongDocConfig, cache_root, check_vocab_size
 from flashtrain.data.corpus import train_val_splits
 from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval_items
 from flashtrain.data.sampling import EpochSampler
@@ -65,8 +65,7 @@ class LongDocClassification(SampledDataModule):
     pads_sequences = True  # documents shorter than seq_len are padded
 
     def __init__(self, cfg: LongDocConfig, run: DataRun):
-        super().__init__(run)
-        require(cfg, "data_files", "local .jsonl or .csv files with a text and a label field")
+        super().__init__(run)  # cfg names its data_files: build_data checks (check_data_source)
         self.num_classes = cfg.num_classes
         self.tokenizer = build_tokenizer(cfg, cache_root(cfg))
         if self.tokenizer.pad_id is None:

@@ -31,6 +31,7 @@ from flashtrain.data.module import DataRun, EvalBatches, SampledDataModule, eval
 from flashtrain.data.sampling import EpochSampler
 from flashtrain.data.stream_identity import token_file_identity
 from flashtrain.data.tokenization import build_tokenizer
+from flashtrain.typed_config import check_choice
 
 PRESETS = {
     "default": {},
@@ -70,16 +71,10 @@ class MaskedLM(SampledDataModule):
 
     def __init__(self, cfg: MLMConfig, run: DataRun):
         super().__init__(run)
-        if cfg.preset not in PRESETS:
-            raise ValueError(f"unknown bert preset '{cfg.preset}'; allowed: {', '.join(PRESETS)}")
-        preset = dict(PRESETS[cfg.preset])
-        needed_seq_len = preset.pop("seq_len", None)
-        seq_len = self.seq_len
-        if needed_seq_len is not None and needed_seq_len != seq_len:
-            raise ValueError(f"preset '{cfg.preset}' needs seq_len={needed_seq_len}, got {seq_len}")
+        preset = dict(PRESETS[cfg.preset])  # check_run_settings: a known one, its seq_len
+        preset.pop("seq_len", None)
         cfg = dataclasses.replace(cfg, **preset)
-        if seq_len < 5:
-            raise ValueError(f"seq_len must be >= 5 for [CLS] A [SEP] B [SEP], got {seq_len}")
+        seq_len = self.seq_len
         self.tokenizer = self.mlm_tokenizer(cfg)
         self.vocab_size = check_vocab_size(cfg, self.tokenizer.vocab_size, self.tokenizer.name)
         self.splits = open_corpus(cfg, self.tokenizer, eos_policy="none", progress=self.rank == 0)
@@ -96,6 +91,21 @@ class MaskedLM(SampledDataModule):
         self.sampler = EpochSampler(
             len(self.pieces["train"][0]), seed=self.seed, rank=self.rank, world_size=self.world_size
         )
+
+    @classmethod
+    def check_run_settings(cls, cfg: MLMConfig, *, seq_len: int, eval_batches: int | None) -> None:
+        """A known data.preset, the seq_len it needs, and room for [CLS] A [SEP] B [SEP]."""
+        check_choice(cfg.preset, tuple(PRESETS), "data.preset")
+        needed_seq_len = PRESETS[cfg.preset].get("seq_len")
+        if needed_seq_len is not None and needed_seq_len != seq_len:
+            raise ValueError(
+                f"data.preset={cfg.preset} needs seq_len={needed_seq_len}, got {seq_len}"
+            )
+        if seq_len < 5:
+            raise ValueError(
+                f"seq_len={seq_len} leaves no room for the masked-LM pairs [CLS] A [SEP] B [SEP] "
+                f"of data '{cfg.name}': seq_len must be >= 5"
+            )
 
     @staticmethod
     def mlm_tokenizer(cfg: MLMConfig):

@@ -48,6 +48,8 @@ class DataModule:
     prepare(cfg): the one-off work (tokenizing, generating) before any run; what it made.
     command_line_settings(cfg): {key: value} train.py and scripts/prepare_data.py apply to cfg
     (their top level is guarded, so they may start worker processes); {} for most loaders.
+    check_run_settings(cfg, seq_len=, eval_batches=): refuses what the config and the run's
+    settings alone rule out, before anything is read or made (build_data; the trainer at start).
 
     Constructed as cls(cfg, run): cfg the loader's dataclass from flashtrain.data.config (the
     class attribute `Config`, whose `loader` default is the key in registry.LOADERS), run a
@@ -74,6 +76,13 @@ class DataModule:
     @classmethod
     def prepare(cls, cfg, *, progress: bool = True) -> dict:
         return {"note": f"{cfg.name} is generated or read on the fly; nothing to prepare"}
+
+    @classmethod
+    def check_run_settings(cls, cfg, *, seq_len: int, eval_batches: int | None) -> None:
+        """Refuse (ValueError) what `cfg` with the run's seq_len and eval_batches alone rules
+        out: known from the config, so build_data checks it before any tokenizer, corpus or
+        image is touched, and the trainer's config check (flashtrain/train/config.py:
+        check_data_fits) before the model is built, dry runs included. Nothing by default."""
 
     @classmethod
     def command_line_settings(cls, cfg) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flashtrain.data.config import CorpusConfig, DataConfig
+from flashtrain.data.config import CorpusConfig, DataConfig, LongDocConfig, require
 from flashtrain.data.corpus import require_source
 from flashtrain.data.lm import TokenCacheLM
 from flashtrain.data.long_doc import LongDocClassification
@@ -34,9 +34,19 @@ def data_config(cfg: Any) -> DataConfig:
     return DATA.config(cfg)
 
 
-def _loader(cfg: DataConfig) -> type[DataModule]:
+def check_data_source(cfg: DataConfig) -> None:
+    """A corpus config names one source (data_files, hub_name or source=pysrc; long_doc its
+    data_files): known from the config, so checked before any tokenizer or cache work, and by
+    the trainer at start, dry runs included. Not part of the config's validation: a data option
+    such as text_files composes without its files, which the command line names."""
     if isinstance(cfg, CorpusConfig):
-        require_source(cfg)  # before any tokenizer or cache work: the first error to name
+        require_source(cfg)
+    if isinstance(cfg, LongDocConfig):  # labelled records: local files, not a hub dataset
+        require(cfg, "data_files", "local .jsonl or .csv files with a text and a label field")
+
+
+def _loader(cfg: DataConfig) -> type[DataModule]:
+    check_data_source(cfg)  # the first error to name
     return DATA.build_class(cfg).for_config(cfg)
 
 
@@ -70,7 +80,9 @@ def build_data(
     if eval_batches is not None and eval_batches < 1:
         raise ValueError(f"eval_batches must be >= 1 or None (all), got {eval_batches}")
     run = DataRun(seq_len, micro_batch_size, seed, rank, world_size, eval_batches)
-    return _loader(cfg)(cfg, run)
+    loader = _loader(cfg)
+    loader.check_run_settings(cfg, seq_len=seq_len, eval_batches=eval_batches)
+    return loader(cfg, run)
 
 
 def prepare_data(data_cfg: Any, *, progress: bool = True) -> dict:

@@ -55,17 +55,23 @@ class AssociativeRecall(DataModule):
 
     def __init__(self, cfg: SyntheticConfig, run: DataRun):
         super().__init__(run)
-        if self.eval_batches is None:
-            raise ValueError(
-                "synthetic validation data is generated, so it has no natural size: set "
-                "trainer.eval_batches (validation batches per rank) to a number"
-            )
         self.num_keys, self.num_values = cfg.num_keys, cfg.num_values
         self.vocab_size, self.loss_on = cfg.vocab_size, cfg.loss_on
         # Validation: eval_batches batches per rank, sequences numbered from 0 in their own stream.
         count = self.eval_batches * self.micro_batch_size * self.world_size
         self.val_items = eval_items(count, self.rank, self.world_size, "synthetic validation")
         self.step = 0
+
+    @classmethod
+    def check_run_settings(
+        cls, cfg: SyntheticConfig, *, seq_len: int, eval_batches: int | None
+    ) -> None:
+        """Validation is eval_batches batches per rank: a number, not null (all)."""
+        if eval_batches is None:
+            raise ValueError(
+                "synthetic validation data is generated, so it has no natural size: set "
+                "trainer.eval_batches (validation batches per rank) to a number"
+            )
 
     def batch(self, stream: int, indices) -> dict[str, torch.Tensor]:
         """Sequences number `indices` of a stream: each from its own seeded generator, so the

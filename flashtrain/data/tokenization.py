@@ -134,15 +134,32 @@ class HFFolderTokenizer(HFTokenizer):
     <|begin_of_text|> / <s> first; GPT-2's adds none). name = "hf:" + a fingerprint of the
     folder's tokenizer files' contents (not their path); vocab_size = highest id + 1, added
     tokens included. Special ids: bos / eos / pad / unk as its tokenizer_config.json names them
-    (None when it names none: Llama has no pad, and none is needed: LM windows are packed)."""
+    (None when it names none: Llama has no pad, and none is needed: LM windows are packed).
+    The EOS: `eos_token` (data.eos_token) when given, else the config's, else the one
+    end-of-text special token it holds (hf_tokenizer.recognised_eos); an EOS other than the
+    folder's own is in the name ("-eos<id>"), as it changes the token caches."""
 
-    def __init__(self, ref: str):
+    def __init__(self, ref: str, eos_token: str | None = None):
         folder = hf_tokenizer.tokenizer_folder(ref)
         files = hf_tokenizer.tokenizer_files(folder)
         backend = hf_tokenizer.read_backend(folder)
         specials = hf_tokenizer.special_tokens(folder)
-        super().__init__(backend, f"hf:{_fingerprint(list(files))}", specials, files)
+        own_eos = specials.get("eos_id") or hf_tokenizer.recognised_eos(backend)
+        name = f"hf:{_fingerprint(list(files))}"
+        if eos_token is not None:
+            if backend.token_to_id(eos_token) is None:
+                raise hf_tokenizer.eos_not_in_vocabulary(f"hf:{ref}", folder, eos_token, backend)
+            if eos_token != own_eos:
+                name += f"-eos{backend.token_to_id(eos_token)}"
+        eos = eos_token or own_eos
+        if eos is not None:
+            specials["eos_id"] = eos
+        super().__init__(backend, name, specials, files)
         self.vocab_size = hf_tokenizer.backend_vocab_size(backend)
+        self.folder = folder
+        self.eos_token = eos
+        # what a run that needs an EOS is refused with (no_eos_error)
+        self.no_eos = None if eos else hf_tokenizer.no_eos_reason(f"hf:{ref}", folder, backend)
         # Documents get their <eos> from the corpus (eos_policy=append), as with gpt2; a
         # post-processor that appends it too (add_eos_token) would end them in two.
         probe = backend.encode("a", add_special_tokens=True).ids
@@ -153,28 +170,35 @@ class HFFolderTokenizer(HFTokenizer):
         return [e.ids[:-1] if self._drops_last else e.ids for e in encoded]
 
 
-def load_hf_tokenizer(kind: str) -> HFFolderTokenizer:
-    """The tokenizer data.tokenizer=hf:<folder or hub id> names (hf_tokenizer.py finds it)."""
-    return HFFolderTokenizer(hf_tokenizer.hf_reference(kind))
+def load_hf_tokenizer(kind: str, eos_token: str | None = None) -> HFFolderTokenizer:
+    """The tokenizer data.tokenizer=hf:<folder or hub id> names (hf_tokenizer.py finds it);
+    eos_token: data.eos_token."""
+    return HFFolderTokenizer(hf_tokenizer.hf_reference(kind), eos_token)
 
 
-def _hf_snapshot_dirs(repo_ids: list[str]) -> list[Path]:
-    dirs = []
-    for repo in repo_ids:
-        snapshots = hub.hub_cache_dir() / ("models--" + repo.replace("/", "--")) / "snapshots"
-        if snapshots.is_dir():
-            dirs.extend(sorted(snapshots.iterdir()))
-    return dirs
+def no_eos_error(tokenizer: Tokenizer, alternative: str = "") -> ValueError:
+    """The error of a run that ends documents in EOS with a tokenizer that has none: what is
+    missing and how to name it (an hf: folder's special tokens), then `alternative`."""
+    reason = getattr(tokenizer, "no_eos", None) or f"tokenizer '{tokenizer.name}' has no EOS token"
+    return ValueError(f"{reason}{'; ' if alternative else ''}{alternative}")
 
 
-def _search_dirs(explicit: str | None, local_name: str, cache_root: Path, hub_repos: list[str]):
+def _search_dirs(
+    explicit: str | None,
+    local_name: str,
+    cache_root: Path,
+    hub_repos: list[str],
+    hub_files: tuple[str, ...],
+):
+    """Where a vocabulary is looked for, in order; last the Hugging Face cache's snapshots of
+    `hub_repos` holding any of `hub_files` (hub.cached_folders)."""
     dirs = []
     if explicit:
         dirs.append(Path(explicit).expanduser())
     if os.environ.get("FLASHTRAIN_TOKENIZERS"):
         dirs.append(Path(os.environ["FLASHTRAIN_TOKENIZERS"]) / local_name)
     dirs.append(Path(cache_root) / "tokenizers" / local_name)
-    return dirs + _hf_snapshot_dirs(hub_repos)
+    return dirs + hub.cached_folders(hub_repos, hub_files)
 
 
 def _gpt2_from_tokenizer_json(path: Path) -> HFTokenizer:
@@ -211,7 +235,8 @@ def load_gpt2(
 ) -> HFTokenizer:
     """GPT-2 byte-level BPE (50257 ids, <|endoftext|> = 50256) from local files: tokenizer.json,
     or vocab.json + merges.txt, or tiktoken's cached encoder.json + vocab.bpe."""
-    dirs = _search_dirs(explicit_path, "gpt2", cache_root, ["openai-community/gpt2", "gpt2"])
+    repos, files = ["openai-community/gpt2", "gpt2"], ("vocab.json", "merges.txt", "tokenizer.json")
+    dirs = _search_dirs(explicit_path, "gpt2", cache_root, repos, files)
     for d in dirs:
         if d.is_file() and d.suffix == ".json":  # an explicit tokenizer.json
             return _gpt2_from_tokenizer_json(d)
@@ -249,7 +274,7 @@ def load_wordpiece(
 ) -> HFTokenizer:
     """BERT WordPiece from a local vocab.txt (a file path or a folder holding one)."""
     repos = [f"google-bert/{local_name}", local_name]
-    dirs = _search_dirs(explicit_path, local_name, cache_root, repos)
+    dirs = _search_dirs(explicit_path, local_name, cache_root, repos, ("vocab.txt",))
     candidates = [d if d.is_file() else d / "vocab.txt" for d in dirs]
     if local_name in hub.HUB_TOKENIZERS and not any(p.is_file() for p in candidates):
         folder = hub.fetch_tokenizer_files(local_name)  # downloads unless HF_HUB_OFFLINE is set
@@ -284,7 +309,7 @@ def build_tokenizer(cfg, cache_root: Path) -> Tokenizer:
     """The tokenizer a corpus config (data.config.CorpusConfig) names: TOKENIZER_KINDS or
     hf:<folder or hub id>."""
     if hf_tokenizer.is_hf_tokenizer(cfg.tokenizer):
-        return load_hf_tokenizer(cfg.tokenizer)
+        return load_hf_tokenizer(cfg.tokenizer, getattr(cfg, "eos_token", None))
     if cfg.tokenizer in BYTE_VOCABS:
         return ByteTokenizer(cfg.tokenizer)
     if cfg.tokenizer == "gpt2":

@@ -17,8 +17,17 @@ the kernels cannot honour first:
 - an arbitrary 4-D attention mask (a float bias, a custom pattern): falls back to PyTorch SDPA
   (refused when the layer also needs softcap, which SDPA lacks), with a one-time warning;
 - output_attentions=True (passed to the layer, as Llama does, or recorded by transformers' output
-  hooks, as for GPT-2, which pops the flag): refused (no kernel materialises the probabilities);
-  use "eager".
+  hooks, as for GPT-2, which pops the flag): no kernel materialises the probabilities, so the
+  layer returns None for them, as transformers' "sdpa" and FlashAttention backends do, with a
+  one-time warning naming "eager".
+
+A padding mask takes transformers' unpad -> varlen -> pad in causal (or windowed) layers run
+eagerly; in a compiled graph and in bidirectional layers it takes padded_varlen.py's static
+layout instead (no data-dependent shapes, so the graph stays whole; padded queries of a
+bidirectional layer without a window attend the real keys, as eager computes them).
+
+It runs on transformers 5.0 and later: the paged-decoding slots that later 5.x releases added are
+filled where they exist.
 """
 
 from __future__ import annotations
@@ -28,25 +37,31 @@ import logging
 import torch
 
 from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
+from flashtrain.hf.padded_varlen import padded_as_varlen
 
 NAME = "flashtrain"
-# what _install_kernels sets in transformers.modeling_flash_attention_utils
+# what _install_kernels reads or sets in transformers.modeling_flash_attention_utils, the same
+# from transformers 5.0 on
 _TRANSFORMERS_INTERNALS = (
     "_loaded_implementation",
     "_flash_fn",
     "_flash_varlen_fn",
-    "_flash_with_kvcache_fn",
     "_pad_fn",
     "_unpad_fn",
     "_pad_input",
     "_unpad_input",
     "_process_flash_kwargs_fn",
-    "_process_with_kvcache_kwargs_fn",
     "_lazy_define_process_function",
     "_flash_attention_forward",
 )
+# paged decoding (flash_attn_with_kvcache over a block table): 5.0 has neither slot, 5.18 the
+# kernel's, 5.19 on its kwargs processor's too; flashtrain has no paged kernel to give it
+_PAGED_DECODING_SLOTS = {"_flash_with_kvcache_fn": None, "_process_with_kvcache_kwargs_fn": dict}
+# what transformers' wrapper takes for packed sequences: the padded layout passes its own
+_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 log = logging.getLogger("flashtrain.hf")
 _warned_fallback = False
+_warned_attentions = False
 
 
 def _install_kernels() -> None:
@@ -66,14 +81,12 @@ def _install_kernels() -> None:
         )
     if fa._loaded_implementation == NAME and fa._flash_varlen_fn is flash_attn_varlen_func:
         return
-    fa._flash_fn, fa._flash_varlen_fn, fa._flash_with_kvcache_fn = (
-        flash_attn_func,
-        flash_attn_varlen_func,
-        None,
-    )
+    fa._flash_fn, fa._flash_varlen_fn = flash_attn_func, flash_attn_varlen_func
     fa._pad_fn, fa._unpad_fn = fa._pad_input, fa._unpad_input
     fa._process_flash_kwargs_fn = fa._lazy_define_process_function(flash_attn_varlen_func)
-    fa._process_with_kvcache_kwargs_fn = dict
+    for slot, value in _PAGED_DECODING_SLOTS.items():
+        if hasattr(fa, slot):
+            setattr(fa, slot, value)
     fa._loaded_implementation = NAME
 
 
@@ -97,10 +110,7 @@ def flashtrain_attention_forward(
     from transformers.modeling_flash_attention_utils import _flash_attention_forward
 
     if _attentions_requested(kwargs):
-        raise ValueError(
-            'attn_implementation="flashtrain" computes no attention probabilities: '
-            'output_attentions=True needs attn_implementation="eager"'
-        )
+        _warn_no_attentions()
     if kwargs.get("s_aux") is not None:
         raise ValueError(
             'attn_implementation="flashtrain" has no attention sinks (s_aux); use "eager" or "sdpa"'
@@ -111,22 +121,31 @@ def flashtrain_attention_forward(
             softcap=softcap, is_causal=is_causal, **kwargs,
         )  # fmt: skip
     _install_kernels()
-    out = _flash_attention_forward(
-        query.transpose(1, 2),  # (B, T, Hq, D)
-        key.transpose(1, 2),  # (B, S, Hkv, D)
-        value.transpose(1, 2),
-        attention_mask,
-        query_length=query.shape[2],
-        is_causal=module.is_causal if is_causal is None else is_causal,
-        dropout=dropout,
-        softmax_scale=scaling,
-        sliding_window=sliding_window,
+    causal = module.is_causal if is_causal is None else is_causal
+    options = dict(
+        is_causal=causal, dropout=dropout, softmax_scale=scaling, sliding_window=sliding_window,
         softcap=softcap,
         use_top_left_mask=False,  # causal aligned bottom-right, as flashtrain's ops do
-        target_dtype=None,
-        attn_implementation=NAME,
-        layer_idx=getattr(module, "layer_idx", None),
-        **kwargs,
+        target_dtype=None, attn_implementation=NAME, layer_idx=getattr(module, "layer_idx", None),
+    )  # fmt: skip
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, T, H, D)
+    # eager gives a padded query of a bidirectional layer the real keys: so does the static layout
+    padded_queries_attend = not causal and sliding_window is None
+    if attention_mask is not None and (torch.compiler.is_compiling() or padded_queries_attend):
+        rest = {name: kwargs[name] for name in kwargs if name not in _VARLEN_KWARGS}
+
+        def varlen(q, k, v, cu_q, cu_k, max_q, max_k):
+            return _flash_attention_forward(
+                q, k, v, None, query_length=max_q, cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k,
+                max_length_q=max_q, max_length_k=max_k, **options, **rest,
+            )  # fmt: skip
+
+        out = padded_as_varlen(
+            q, k, v, attention_mask, varlen, padded_queries_attend=padded_queries_attend
+        )
+        return out, None
+    out = _flash_attention_forward(
+        q, k, v, attention_mask, query_length=query.shape[2], **options, **kwargs
     )
     return out, None  # (B, T, Hq, D)
 
@@ -138,12 +157,25 @@ def _attentions_requested(kwargs: dict) -> bool:
     collector is asked too."""
     if kwargs.get("output_attentions", False):
         return True
+    if torch.compiler.is_compiling():  # dynamo cannot read a ContextVar: the flag alone counts
+        return False
     try:
         from transformers.utils.output_capturing import _active_collector
     except ImportError:  # a transformers without the recorder passes the flag on
         return False
     collecting = _active_collector.get() or {}
     return "attentions" in collecting or "cross_attentions" in collecting
+
+
+def _warn_no_attentions() -> None:
+    global _warned_attentions
+    if not _warned_attentions:
+        log.warning(
+            'attn_implementation="flashtrain" does not support output_attentions=True: its '
+            "kernels compute no attention probabilities, so its layers return none (as "
+            '"sdpa" does); use attn_implementation="eager" for them'
+        )
+        _warned_attentions = True
 
 
 def _sdpa_fallback(module, query, key, value, attention_mask, **kwargs):
@@ -171,9 +203,21 @@ def register() -> str:
     """Register "flashtrain" with transformers' attention and mask registries; returns the
     name to pass as attn_implementation. Safe to call more than once."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     _install_kernels()  # model construction already looks the functions up
     AttentionInterface.register(NAME, flashtrain_attention_forward)
-    AttentionMaskInterface.register(NAME, flash_attention_mask)  # None or the (B, S) padding mask
+    AttentionMaskInterface.register(NAME, padding_mask)
     return NAME
+
+
+def padding_mask(*, kv_length: int, attention_mask: torch.Tensor | None = None, **kwargs):
+    """The mask function for NAME: transformers' flash_attention_mask (None when no token is
+    padding, else the (B, kv_length) padding mask), except that a compiled graph keeps the mask
+    whatever its values: asking whether every token is real is a data-dependent branch (a graph
+    break), and the padded layout gives a mask without padding the dense result."""
+    from transformers.masking_utils import flash_attention_mask
+
+    if attention_mask is not None and torch.compiler.is_compiling():
+        return attention_mask[:, -kv_length:]
+    return flash_attention_mask(kv_length=kv_length, attention_mask=attention_mask, **kwargs)

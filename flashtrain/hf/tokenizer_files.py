@@ -11,13 +11,19 @@ no tokenizer files: the folder's README says how their ids are made instead.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from flashtrain.data.hf_tokenizer import TOKENIZER_JSON, is_hf_tokenizer
+from flashtrain.data.hf_tokenizer import (
+    TOKENIZER_JSON,
+    is_hf_tokenizer,
+    read_json_object,
+    special_tokens,
+)
 from flashtrain.data.tokenization import BYTE_VOCABS, ByteTokenizer, build_tokenizer
 
 FILE_TOKENIZERS = ("gpt2", "wordpiece")
@@ -111,6 +117,7 @@ def _copy_hf_tokenizer(kind: str, tok, folder: Path) -> TokenizerInfo:
         shutil.copyfile(path, folder / path.name)
     if not (folder / TOKENIZER_JSON).is_file():  # converted from tokenizer.model
         tok.backend.save(str(folder / TOKENIZER_JSON))
+    _name_eos(tok, folder)
     return TokenizerInfo(
         kind,
         _special_ids(tok),
@@ -120,3 +127,15 @@ def _copy_hf_tokenizer(kind: str, tok, folder: Path) -> TokenizerInfo:
         "Training encoded each document as `tokenizer(text)` does (its special tokens, e.g. "
         f"bos, included) and, with data.eos_policy=append, ended it in eos (id {tok.eos_id}).",
     )
+
+
+def _name_eos(tok, folder: Path) -> None:
+    """An EOS the run chose (data.eos_token, or the one end-of-text token of a folder whose
+    files name none) written into the copy's tokenizer_config.json, so that AutoTokenizer
+    ends text in the token training ended documents in."""
+    own = special_tokens(tok.folder).get("eos_id")
+    if tok.eos_token is None or tok.eos_token == own:
+        return
+    path = folder / "tokenizer_config.json"
+    config = read_json_object(path) if path.exists() else {}
+    path.write_text(json.dumps(config | {"eos_token": tok.eos_token}, indent=2) + "\n")

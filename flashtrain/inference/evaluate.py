@@ -6,9 +6,12 @@ Windows come from the data config's validation split, exactly as the trainer eva
 the seed), or, with a stride S < seq_len on a token corpus, from sliding windows S tokens apart
 that score only their last S tokens, and a last window ending at the split's end that scores the
 tokens after its predecessor (every token but the first scored exactly once, each with at least
-seq_len - S tokens of context). A length beyond what the model was trained at uses its
-positions as configured: GPT-2's learned table interpolated (or copied) to the new length
-(model.init_positions), rotary positions as they are.
+seq_len - S tokens of context). Every window is scored as the model was trained: under document
+masking (data.document_masking) with the packed document tables of the trainer's batches, so a
+token attends only inside its document and positions restart at each document's start, and a
+document that fits in seq_len - S + 1 tokens is scored as if it were alone. A length beyond what
+the model was trained at uses its positions as configured: GPT-2's learned table interpolated
+(or copied) to the new length (model.init_positions), rotary positions as they are.
 """
 
 from __future__ import annotations
@@ -139,16 +142,20 @@ def window_starts(length: int, seq_len: int, stride: int) -> list[tuple[int, int
     return list(zip(starts, firsts))
 
 
-def sliding_windows(tokens, seq_len: int, stride: int, batch_size: int, max_batches: int | None):
+def sliding_windows(tokens, seq_len: int, stride: int, batch_size: int, max_batches: int | None,
+                    eos_id: int | None = None):  # fmt: skip
     """Batches of the windows of window_starts, the labels before each window's first scored
-    one IGNORE_INDEX: each token is scored once, with at least seq_len - stride tokens before it."""
+    one IGNORE_INDEX: each token is scored once, with at least seq_len - stride tokens before it.
+    eos_id (a run trained with document masking): each window carries the packed document
+    tables the trainer's batches carry (lm_batch), so its tokens attend only inside their
+    document and positions restart at each document's start, as in training."""
     starts = window_starts(len(tokens), seq_len, stride)
     if max_batches is not None:
         starts = starts[: max_batches * batch_size]
     for at in range(0, len(starts), batch_size):
         chunk = starts[at : at + batch_size]
         rows = np.stack([np.asarray(tokens[s : s + seq_len + 1]) for s, _ in chunk])
-        batch = lm_batch(rows)
+        batch = lm_batch(rows, eos_id)
         # a one-row batch's labels are a view of its input_ids (.contiguous() of a (1, T) slice
         # returns it as is): mask a copy
         batch["labels"] = batch["labels"].clone()
@@ -181,7 +188,7 @@ def windows(data_cfg, seq_len: int, *, stride: int | None, batch_size: int,
     count = -(-len(window_starts(len(tokens), seq_len, stride)) // batch_size)
     if max_batches is not None:
         count = min(count, max_batches)
-    batches = sliding_windows(tokens, seq_len, stride, batch_size, max_batches)
+    batches = sliding_windows(tokens, seq_len, stride, batch_size, max_batches, data.masking_eos_id)
     return batches, count, f"sliding, stride {stride}"
 
 

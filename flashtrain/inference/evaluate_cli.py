@@ -26,6 +26,9 @@ from flashtrain.inference.cli_args import OneLineParser, default_device, device,
 from flashtrain.inference.evaluate import check_evaluation_fits, evaluate_length
 from flashtrain.inference.generate import position_limit, require_decoder
 from flashtrain.inference.run_tokenizer import run_config, run_tokenizer
+from flashtrain.no_space import as_no_space_error
+from flashtrain.train.config import masks_documents
+from flashtrain.train.entry import EXIT_NO_SPACE
 
 
 def _parser(configs: Path | None) -> argparse.ArgumentParser:
@@ -107,6 +110,16 @@ def _override_error(name: str, overrides: list[str], error: Exception, default) 
     return f"--data {name}: cannot set {key!r} to {value!r}: {reason}"
 
 
+def with_trained_masking(data: dict, overrides: list[str], run_data) -> dict:
+    """--data's windows cut at document ends as the run's training batches were (the run's
+    data.document_masking, as in effect), unless an override sets it: the other config's
+    default would score a model trained across documents inside them, or the reverse."""
+    keys = {kv.split("=", 1)[0].lstrip("+~") for kv in overrides}
+    if "document_masking" not in data or "document_masking" in keys:
+        return data
+    return {**data, "document_masking": masks_documents(data_config(run_data))}
+
+
 def check_same_tokenizer(run, data) -> None:
     """Token ids mean something only under the tokenizer that made them: refuse data tokenized
     otherwise than the run's (an id past the model's vocabulary, or silently other text)."""
@@ -140,7 +153,9 @@ def run(args) -> list[Path]:
     if args.out is None:
         evaluate_output.check_folder(out)
     config = run_config(info)
-    if not args.data:
+    if args.data:
+        data = with_trained_masking(data, args.data[1:], config.data)
+    else:
         data = OmegaConf.to_container(config.data, resolve=True)
     cfg = data_config(data)
     # the run's own data: checked against the tokenizer its weights were trained with
@@ -192,6 +207,12 @@ def main(argv=None, configs: Path | None = None) -> int:
     except (ValueError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # a full disk or quota (the report, --data's token cache): one line
+        no_space = as_no_space_error(e, "then run it again")
+        if no_space is None:
+            raise
+        print(f"error: {no_space}", file=sys.stderr)
+        return EXIT_NO_SPACE
     print(paths[1].read_text())
     for path in paths:
         print(f"wrote {path}")

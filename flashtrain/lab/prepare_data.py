@@ -58,7 +58,8 @@ def main() -> None:
 
     from flashtrain.data import prepare_data
     from flashtrain.data.registry import command_line_settings, data_config
-    from flashtrain.train.entry import config_errors_explained
+    from flashtrain.no_space import as_no_space_error
+    from flashtrain.train.entry import EXIT_NO_SPACE, config_errors_explained
     from flashtrain.train.errors import BAD_INPUT_ERRORS, USER_ERRORS, describe
 
     try:  # bad input (a config value, a missing or non-UTF-8 file): one line, exit 2
@@ -71,6 +72,12 @@ def main() -> None:
     except (*USER_ERRORS, *BAD_INPUT_ERRORS) as e:
         print(describe(e), file=sys.stderr)
         sys.exit(2)
+    except Exception as e:  # a full disk or quota: one line, exit 4 (as train.py)
+        no_space = as_no_space_error(e, "then run it again")
+        if no_space is None:
+            raise
+        print(describe(no_space), file=sys.stderr)
+        sys.exit(EXIT_NO_SPACE)
     print(f"\n{cfg.name}: prepared in {time.perf_counter() - start:.1f} s")
     for key, value in summary.items():
         print(f"  {key}: {value:,}" if isinstance(value, int) else f"  {key}: {value}")

@@ -274,6 +274,8 @@ def check_data_fits(cfg: TrainConfig) -> None:
     alone: checked before anything is built, dry runs included, so no run prepares its data
     (tokenizing a corpus, generating images) only to be refused."""
     check_task(cfg.model, cfg.data)
+    loader = DATA.build_class(cfg.data).for_config(cfg.data)  # its own (seq_len, eval_batches)
+    loader.check_run_settings(cfg.data, seq_len=cfg.seq_len, eval_batches=cfg.trainer.eval_batches)
     data_ids = getattr(cfg.data, "vocab_size", None)  # every loader's token id count
     if data_ids is not None and data_ids > cfg.model.vocab_size:
         raise ValueError(

@@ -3,7 +3,8 @@ expected failures turned into a message and an exit code a scheduler can act on.
 
 Exit codes (docs/training.md): 0 done; 2 a user error (flashtrain/train/errors.py: one message,
 the traceback only with HYDRA_FULL_ERROR=1); 3 a non-finite loss; 4 no space left on the device
-while saving a checkpoint (the partial one removed); 130 interrupted (Ctrl-C: no checkpoint
+or the disk quota exceeded (flashtrain/no_space.py: while saving a checkpoint, the partial one
+removed; building a data cache; any other write); 130 interrupted (Ctrl-C: no checkpoint
 written); 143 pre-empted (SIGTERM: checkpoint written); 1 a crash (a traceback, as Hydra prints
 it).
 """
@@ -22,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from flashtrain.checkpoint.manifest import NoSpaceError
+from flashtrain.no_space import NoSpaceError, unnamed
 from flashtrain.train.errors import USER_ERRORS, describe
 from flashtrain.train.faults import (
     NonFiniteLossError,
@@ -38,6 +39,7 @@ EXIT_NONFINITE = 3
 EXIT_NO_SPACE = 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a terminated job
+AFTER_FREEING_SPACE = "then run again (trainer.resume=auto continues from the newest checkpoint)"
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
 _full_error_set_here = False  # config_errors_explained set HYDRA_FULL_ERROR, not the user
@@ -74,6 +76,10 @@ def main(cfg: Any) -> None:
         _report_preempted(e)
         raise SystemExit(EXIT_PREEMPTED) from None
     except Exception as e:
+        no_space = unnamed(e, AFTER_FREEING_SPACE)
+        if no_space is not None:  # a write no writer named (a metrics row, a plot)
+            _report_user_error(no_space)
+            raise SystemExit(EXIT_NO_SPACE) from None
         _write_crash_to_log_files(e)
         raise  # Hydra prints the traceback on the console and exits 1
 

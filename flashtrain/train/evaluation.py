@@ -13,6 +13,7 @@ import torch
 
 from flashtrain.collectives import all_reduce_sum
 from flashtrain.train.distributed import DistEnv
+from flashtrain.train.faults import EvaluationAbandoned
 from flashtrain.train.metric_names import EVAL_ACCURACY, EVAL_LOSS, EVAL_PPL
 from flashtrain.train.prefetch import to_device
 from flashtrain.typed_config import ConfigError
@@ -41,28 +42,36 @@ def evaluate_model(
     *,
     sharded: bool,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    stop_requested: Callable[[], bool] = lambda: False,
 ) -> dict[str, float]:
     """eval/loss (target-weighted over all ranks), eval/ppl, eval/accuracy; {} without data.
-    sharded (FSDP2): every rank runs as many forward passes as the rank with the most batches."""
+    sharded (FSDP2): every rank runs as many forward passes as the rank with the most batches.
+    stop_requested(): whether this rank was asked to stop (SIGTERM); asked before each batch,
+    and when any rank was, every rank raises EvaluationAbandoned there."""
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss*n, n, correct
     has_correct = False
     it = iter(data.val_batches())  # at most trainer.eval_batches per rank
     last_batch = None
+    done = 0
     while True:
         batch = next(it, None)
-        if sharded:
-            # FSDP forward passes are collectives: go on while any rank has data, with
-            # ranks that ran out repeating their last batch at weight zero.
-            more = all_reduce_sum(torch.tensor([float(batch is not None)], device=env.device))
-            if float(more) == 0:
-                break
-            weight = 1.0 if batch is not None else 0.0
-            batch = batch if batch is not None else last_batch
-            if batch is None:
-                raise RuntimeError(f"rank {env.rank} has no validation data for FSDP eval")
-        elif batch is None:
+        votes = [float(batch is not None), float(stop_requested())]  # has data, asked to stop
+        if env.world_size > 1:  # every rank goes on, or stops, at the same batch
+            votes = all_reduce_sum(torch.tensor(votes, device=env.device)).tolist()
+        if votes[1] > 0:
+            model.train()
+            raise EvaluationAbandoned(done)
+        if votes[0] == 0:
             break
+        if batch is None:  # another rank still has data
+            if not sharded:
+                continue
+            # FSDP forward passes are collectives: ranks that ran out repeat their last batch
+            # at weight zero.
+            if last_batch is None:
+                raise RuntimeError(f"rank {env.rank} has no validation data for FSDP eval")
+            batch, weight = last_batch, 0.0
         else:
             weight = 1.0
         last_batch = batch
@@ -75,6 +84,7 @@ def evaluate_model(
         if out.correct is not None:
             has_correct = True
             sums[2] += out.correct.double() * weight
+        done += 1
     all_reduce_sum(sums)
     model.train()
     total = float(sums[1])

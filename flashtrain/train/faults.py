@@ -39,9 +39,20 @@ class Preempted(Exception):
         )
 
 
+class EvaluationAbandoned(Exception):
+    """A stop request (SIGTERM) arrived during an evaluation, which every rank left at the same
+    batch: the run checkpoints its step and stops instead (a scheduler's grace period is
+    seconds; an evaluation can take minutes)."""
+
+    def __init__(self, batches_done: int):
+        self.batches_done = batches_done
+        super().__init__(f"evaluation abandoned after {batches_done} batches: asked to stop")
+
+
 class PreemptionHandler:
     """Turns SIGTERM (and SIGUSR1, which SLURM sends before the time limit when asked) into a
-    flag the loop checks after each step, so a checkpoint is written at a step boundary."""
+    flag the loop checks after each step, so a checkpoint is written at a step boundary; an
+    evaluation checks it before each of its batches (EvaluationAbandoned)."""
 
     SIGNALS = ("SIGTERM", "SIGUSR1")
 
@@ -52,7 +63,11 @@ class PreemptionHandler:
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
         if not self.requested:
-            log.warning("received signal %d: checkpointing at the end of this step", signum)
+            log.warning(
+                "received signal %d: checkpointing at the end of this step (an evaluation "
+                "under way is abandoned)",
+                signum,
+            )
         self.requested = True
         self.signum = signum
 

@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from flashtrain.checkpoint.writable_folder import check_writable_folder
+
 log = logging.getLogger("flashtrain")
 
 TENSORBOARD_DIR = "tensorboard"  # in the run dir, unless logger.dir names another folder
@@ -46,8 +48,11 @@ class JsonlSink(MetricSink):
         row = {"step": int(step)}
         for k, v in metrics.items():
             row[k] = None if isinstance(v, float) and not math.isfinite(v) else v
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        except OSError as e:  # a file's write names no file: this one does (a full disk: exit 4)
+            raise OSError(e.errno, e.strerror, str(self.path)) from e
 
     def finish(self) -> None:
         self._file.close()
@@ -85,7 +90,7 @@ class WandbSink(MetricSink):
         self,
         logger_cfg: Any,
         *,
-        run_dir: Path,
+        wandb_dir: Path,
         run_name: str,
         config: dict,
         resume_id: str | None = None,
@@ -93,7 +98,6 @@ class WandbSink(MetricSink):
         import wandb
 
         mode = logger_cfg.mode or os.environ.get("WANDB_MODE") or "offline"
-        wandb_dir = Path(logger_cfg.dir) if logger_cfg.dir else run_dir
         wandb_dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
             project=logger_cfg.project,
@@ -165,6 +169,25 @@ class Loggers(MetricSink):
         self.sinks = []
 
 
+def logger_dir(cfg: Any, run_dir: Path) -> Path | None:
+    """The folder logger=wandb / tensorboard writes: logger.dir, else its place in the run
+    folder; None for logger=none (metrics.jsonl alone)."""
+    if cfg.logger.name == "none":
+        return None
+    if cfg.logger.dir:
+        return Path(cfg.logger.dir)
+    return run_dir / TENSORBOARD_DIR if cfg.logger.name == "tensorboard" else run_dir
+
+
+def check_logger_dir(cfg: Any, run_dir: Path) -> None:
+    """At start, dry runs included: the logger's folder can be created and written, checked as
+    trainer.ckpt_dir is (flashtrain/checkpoint/writable_folder.py), not found unusable when
+    the first metrics are logged."""
+    folder = logger_dir(cfg, run_dir)
+    if folder is not None:
+        check_writable_folder(folder, "logger.dir", f"logger={cfg.logger.name}'s files")
+
+
 def build_loggers(
     cfg: Any,
     *,
@@ -181,13 +204,13 @@ def build_loggers(
     sinks: list[MetricSink] = []
     if cfg.trainer.metrics_file:
         sinks.append(JsonlSink(run_dir / cfg.trainer.metrics_file, resumed_from=resumed_from))
+    folder = logger_dir(cfg, run_dir)
     if cfg.logger.name == "wandb":
         sinks.append(
             WandbSink(
-                cfg.logger, run_dir=run_dir, run_name=run_name, config=config, resume_id=resume_id
+                cfg.logger, wandb_dir=folder, run_name=run_name, config=config, resume_id=resume_id
             )
         )
     elif cfg.logger.name == "tensorboard":
-        log_dir = Path(cfg.logger.dir) if cfg.logger.dir else run_dir / TENSORBOARD_DIR
-        sinks.append(TensorBoardSink(log_dir, resumed_from=resumed_from))
+        sinks.append(TensorBoardSink(folder, resumed_from=resumed_from))
     return Loggers(sinks)

@@ -7,6 +7,7 @@ Tied weights appear once (nn.Module.named_parameters deduplicates them).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -148,3 +149,87 @@ def follow_schedule_from(scheduler, step: int, lr: float) -> None:
         group["initial_lr"] = lr
         group["lr"] = value
     scheduler._last_lr = lrs  # what get_last_lr() reports, as LambdaLR.step() would set it
+
+
+# What a resume does with the other optimizer settings (docs/training.md, "Resume rules"). The
+# keys that decide which parameters form each AdamW group, or the optimizer itself, are refused:
+# the checkpoint's optimizer state is laid out in its groups (and the schedule's state has one
+# entry a group). Every other setting is a value each group holds, taken from this run's config.
+GROUPING_KEYS = ("name", "decay_norm_and_bias", "decay_embeddings")
+# A group's entries that are not its settings: its parameters, and the lr the schedule owns
+# (restored, or changed only with trainer.allow_schedule_change: run_state._restore_schedule).
+_NOT_SETTINGS = frozenset({"params", "lr", "initial_lr"})
+# Settings that change how AdamW computes, not what: put back without a line in the log.
+_ROUTE_SETTINGS = frozenset({"foreach", "fused", "capturable", "differentiable"})
+_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(OptimConfig))
+
+
+def describe_regrouping(saved: dict, optim_cfg: OptimConfig) -> list[tuple[str, str, str]]:
+    """(config key, saved value, this run's value) of each grouping key (GROUPING_KEYS) whose
+    value differs from `saved`, the optim section of the checkpoint's config.yaml (a key it
+    lacks is not compared), the values spelled as overrides."""
+    return [
+        (f"optim.{key}", _plain(saved[key]), _plain(getattr(optim_cfg, key)))
+        for key in GROUPING_KEYS
+        if key in saved and saved[key] != getattr(optim_cfg, key)
+    ]
+
+
+def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each param group's settings (weight_decay, betas, eps, ...) but its lr: this run's, as
+    built from its config, to put back once a resume has loaded the saved ones."""
+    return [
+        {key: value for key, value in group.items() if key not in _NOT_SETTINGS}
+        for group in optimizer.param_groups
+    ]
+
+
+def apply_group_settings(optimizer: torch.optim.Optimizer, settings: list[dict]) -> list[str]:
+    """Give each param group this run's `settings` (group_settings before the load: loading an
+    optimizer state_dict overwrites them with the saved ones). Returns one phrase per setting
+    that changed, named by its config key: "optim.weight_decay: 0.1 -> 0.0"."""
+    changes = []
+    for group, mine in zip(optimizer.param_groups, settings, strict=True):
+        for key, value in mine.items():
+            was = group.get(key)
+            group[key] = value
+            if key in _ROUTE_SETTINGS or _same(was, value):
+                continue
+            name = f"optim.{key}" if key in _CONFIG_KEYS else f"AdamW's {key}"
+            phrase = f"{name}: {_plain(was)} -> {_plain(value)}"
+            if phrase not in changes:  # betas and eps are each group's: one line for all
+                changes.append(phrase)
+    _place_steps(optimizer)
+    return changes
+
+
+def _place_steps(optimizer: torch.optim.Optimizer) -> None:
+    """Each parameter's step count where its group's (possibly changed) settings need it, as
+    torch places it on a load: on the parameter's device in float32 for fused or capturable
+    AdamW (its kernels read it there), on the host otherwise (the loaded one follows the saved
+    settings, so a CPU run's checkpoint resumed with fused AdamW on a GPU would fail)."""
+    for group in optimizer.param_groups:
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            step = state.get("step")
+            if torch.is_tensor(step):
+                state["step"] = (
+                    step.to(device=p.device, dtype=torch.float32) if on_device else step.cpu()
+                )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, a tuple and a list alike (betas come back from a checkpoint as either)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a == b
+
+
+def _plain(value: Any) -> str:
+    """A value as an override spells it: true/false, [0.9, 0.95]."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_plain(v) for v in value) + "]"
+    return str(value)

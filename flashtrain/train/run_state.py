@@ -11,17 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from flashtrain.checkpoint import read as ckpt
 from flashtrain.checkpoint.async_write import BackgroundSaves
-from flashtrain.checkpoint.write import save_checkpoint
+from flashtrain.checkpoint.write import save_checkpoint, set_aside_newer_checkpoints
 from flashtrain.collectives import broadcast_object, gather_objects
 from flashtrain.data.stream_identity import OtherDataError
 from flashtrain.train.config import ConfigError, TrainConfig, config_dict, config_yaml
 from flashtrain.train.distributed import DistEnv, is_sharded
 from flashtrain.train.optim import (
+    apply_group_settings,
+    describe_regrouping,
     describe_schedule_changes,
     follow_schedule_from,
+    group_settings,
     schedule_settings,
 )
 
@@ -167,6 +171,8 @@ class RunCheckpoints:
             if t.resume == "auto":
                 log.info("trainer.resume=auto: no checkpoint in %s, starting fresh", self.root)
             return False
+        self._refuse_regrouping(target)  # before anything is loaded
+        settings = group_settings(self.optimizer)  # this run's, which the load overwrites
         saved, _ = ckpt.load_checkpoint(
             target,
             model=self.model,
@@ -188,6 +194,8 @@ class RunCheckpoints:
         state.step = int(saved["step"])
         state.tokens_seen = int(saved.get("tokens_seen", 0))
         self._restore_schedule(saved, target)
+        for change in apply_group_settings(self.optimizer, settings):
+            log.info("%s (applied at resume)", change)
         if self.scaler is not None and saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         state.skipped_in_a_row = int(saved.get("skipped_in_a_row", 0))
@@ -197,9 +205,27 @@ class RunCheckpoints:
         state.wandb_id = saved.get("wandb_id") if same_run else None
         self._restore_data_position(saved["data"][self.env.rank], target)
         set_rng_state(saved["rng"][self.env.rank])
+        self._set_aside_newer_checkpoints()  # the resume accepted: the run's line goes on here
         state.last_ckpt = target
         log.info("resumed from %s at step %d", target, state.step)
         return True
+
+    def _set_aside_newer_checkpoints(self) -> None:
+        """A resume from an older step (a branch; or a newer checkpoint passed over as damaged)
+        continues the run from there: this folder's checkpoints newer than the resumed step are
+        moved aside into its abandoned/ folder, kept whole (write.set_aside_newer_checkpoints),
+        so no prune and no "newest" lookup after this takes them for the run's, a restart
+        before the first save included. Rank 0, holding the folder's lock; every rank learns
+        whether it failed."""
+        error = None
+        if self.env.is_main:
+            try:
+                set_aside_newer_checkpoints(self.root, self.state.step)
+            except OSError as e:
+                error = e
+        error = broadcast_object(error)
+        if error is not None:
+            raise error
 
     def _resume_target(self) -> Path | None:
         """The checkpoint trainer.resume names (rank 0 looks, every rank gets its answer); in a
@@ -274,6 +300,26 @@ class RunCheckpoints:
             )
         except ValueError as e:  # the stream cannot continue as this run's data is set up
             raise ckpt.CheckpointError(f"checkpoint {target}: {e}") from e
+
+    def _refuse_regrouping(self, target: Path) -> None:
+        """Refuse a resume whose optimizer settings group the parameters otherwise than the
+        checkpoint's config.yaml records (optim.GROUPING_KEYS): its optimizer state is laid out
+        in its own groups. A checkpoint without a config.yaml is not compared."""
+        config = target / ckpt.CONFIG
+        if not config.is_file():
+            return
+        saved = OmegaConf.to_container(OmegaConf.load(config), resolve=True).get("optim") or {}
+        changes = describe_regrouping(saved, self.cfg.optim)
+        if changes:
+            what = "; ".join(f"{key}: {was} -> {now}" for key, was, now in changes)
+            keep = " ".join(f"{key}={was}" for key, was, _ in changes)
+            raise ConfigError(
+                f"resuming {target} with other optimizer groups: {what}. Its "
+                f"optimizer state is kept in the groups it was saved in (which parameters take "
+                f"weight decay), so a resume cannot regroup it: resume with {keep}, or start a "
+                f"new run from its weights with model.init_from={target} (a fresh optimizer "
+                f"and schedule)"
+            )
 
     def _restore_schedule(self, saved: dict, target: Path) -> None:
         """The saved lr schedule, unless this run's settings give a different one: then refuse,

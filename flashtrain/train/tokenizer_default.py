@@ -1,7 +1,8 @@
 """The tokenizer a run trains with by default and the vocabulary that follows from it: a run
 starting from a Hugging Face checkpoint takes the checkpoint's own tokenizer (model.init_from=hf:X
 on text data left on bytes), and an hf: tokenizer's id count is the data's vocab_size unless the
-config sets another (then refused here, before anything is built)."""
+config sets another (then refused here, before anything is built), as is one with no EOS to end
+its documents with."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from flashtrain.data.hf_tokenizer import HF_PREFIX, find_tokenizer_folder, is_hf_tokenizer
 from flashtrain.data.hub import looks_like_hub_id
 from flashtrain.data.registry import DATA_CONFIGS
-from flashtrain.data.tokenization import load_hf_tokenizer
+from flashtrain.data.tokenization import load_hf_tokenizer, no_eos_error
 from flashtrain.train.errors import from_config
 from flashtrain.typed_config import ConfigError
 
@@ -69,7 +70,8 @@ def vocabulary_from_tokenizer(cfg: DictConfig) -> DictConfig:
     if "vocab_size" not in fields:
         return cfg
     with from_config(f"data.tokenizer={data.tokenizer}"):
-        tokenizer = load_hf_tokenizer(data.tokenizer)
+        tokenizer = load_hf_tokenizer(data.tokenizer, data.get("eos_token"))
+    check_eos(data, fields, tokenizer)
     ids, configured = tokenizer.vocab_size, data.get("vocab_size")
     if configured == ids:
         return cfg
@@ -83,6 +85,19 @@ def vocabulary_from_tokenizer(cfg: DictConfig) -> DictConfig:
     cfg.data.vocab_size = ids
     _log_once(f"data.vocab_size={ids}: the id count of tokenizer {data.tokenizer}")
     return cfg
+
+
+def check_eos(data: DictConfig, fields: dict, tokenizer) -> None:
+    """A language-model corpus whose documents end in EOS (data.eos_policy=append, or streamed)
+    with an hf: tokenizer that has none: a ConfigError now, naming its folder and how to name
+    the token (data.eos_token), not once the model is built and the cache is being made."""
+    if "eos_policy" not in fields or tokenizer.eos_id is not None:
+        return
+    policy = data.get("eos_policy", fields["eos_policy"].default)
+    if data.get("streaming"):
+        raise ConfigError(str(no_eos_error(tokenizer, "streamed documents are joined with it")))
+    if policy == "append":
+        raise ConfigError(str(no_eos_error(tokenizer, "or set data.eos_policy=none")))
 
 
 @functools.cache

@@ -59,7 +59,12 @@ from flashtrain.train.distributed import (
 from flashtrain.train.dry_run import build_memory_for, dry_run_plan, plan_world
 from flashtrain.train.errors import from_config
 from flashtrain.train.evaluation import check_validation_data, evaluate_model
-from flashtrain.train.faults import NonFiniteLossError, Preempted, PreemptionHandler
+from flashtrain.train.faults import (
+    EvaluationAbandoned,
+    NonFiniteLossError,
+    Preempted,
+    PreemptionHandler,
+)
 from flashtrain.train.host_memory import (
     HostMemoryEstimate,
     available_host_memory,
@@ -89,7 +94,9 @@ from flashtrain.train.metrics import (
 from flashtrain.train.optim import build_optimizer, build_scheduler
 from flashtrain.train.prefetch import StepPrefetcher
 from flashtrain.train.progress import Progress, format_metrics
+from flashtrain.train.run_folder import RunFolderClaim
 from flashtrain.train.run_state import RunCheckpoints, RunState
+from flashtrain.train.start_checks import check_run_start
 from flashtrain.train.step import autocast, forward_backward
 from flashtrain.utils import format_count, git_commit
 
@@ -132,6 +139,7 @@ class Trainer:
         self.progress: Progress | None = None
         self.prefetcher: StepPrefetcher | None = None
         self.lock: RunLock | None = None
+        self.run_folder: RunFolderClaim | None = None
         self.model = self.raw_model = self.optimizer = self.scheduler = self.scaler = None
         self.state = RunState()
         self.checkpoints: RunCheckpoints | None = None
@@ -167,6 +175,9 @@ class Trainer:
             broadcast_object(str(Path(run_dir).absolute()) if env.is_main else None)
         )
         self.ckpt_root = Path(t.ckpt_dir) if t.ckpt_dir else self.run_dir / "checkpoints"
+        # The data's source, the checkpoint and logger folders: before the model is built, in
+        # a dry run too (start_checks.py)
+        check_run_start(cfg, run_dir=self.run_dir, ckpt_root=self.ckpt_root, is_main=env.is_main)
         # The cluster job this start belongs to (rank 0's view), and whether it continues the
         # run folder its job recorded: a restart or requeue (flashtrain/train/job_run.py).
         self.job = broadcast_object(current_job() if env.is_main else None)
@@ -240,6 +251,7 @@ class Trainer:
             self._check_sources()
             self._print_summary(model, [*plan_lines, *host_lines])
             return
+        self._claim_run_folder()  # one run per run folder: before this run logs anything there
         self._print_summary(plan_lines=host_lines)
         if self.cpu_step_estimate is not None and not t.allow_slow_cpu:
             refuse_slow_cpu_run(
@@ -337,6 +349,22 @@ class Trainer:
             estimate = build_memory_for(unwrap(model), self.strategy, shards)
             log.info("initial weights placed: %s", build_peak_line(env.device, estimate))
         return model if is_sharded(self.strategy) else place(model)
+
+    def _claim_run_folder(self) -> None:
+        """Rank 0 claims the run folder (flashtrain/train/run_folder.py: refused while another
+        run is alive in it, or when it holds the records of a run with another checkpoint
+        folder); every rank learns whether that failed. Waits as _lock_checkpoint_folder does
+        with trainer.wait_for_lock."""
+        error = None
+        if self.env.is_main:
+            claim = RunFolderClaim(self.run_dir, self.ckpt_root, self.run_name)
+            try:
+                self.run_folder = claim.acquire(wait=self.cfg.trainer.wait_for_lock)
+            except ConfigError as e:
+                error = e
+        error = broadcast_object(error)
+        if error is not None:
+            raise error
 
     def _lock_checkpoint_folder(self) -> None:
         """Rank 0 takes the lock on the checkpoint folder (creating it: the check that it can
@@ -458,6 +486,7 @@ class Trainer:
                 # a checkpointed step without its row, so metrics.jsonl has each step once.
                 if self.step % t.log_interval == 0 or done or stop:
                     self._log_interval()
+                path = None  # this step's checkpoint, once written
                 if (
                     stop
                     or (t.ckpt_interval and self.step % t.ckpt_interval == 0)
@@ -466,13 +495,21 @@ class Trainer:
                     path = self.save()
                 else:  # trainer.async_checkpoint: a save written on every rank goes into place
                     self.checkpoints.poll()
-                if stop:  # no evaluation in a scheduler's short grace period
+                # No evaluation in a scheduler's short grace period, and none goes on into it
+                if not stop and (
+                    (t.eval_interval and self.step % t.eval_interval == 0)
+                    or (done and t.eval_at_end)
+                ):
+                    try:
+                        self.evaluate(preempt)
+                    except EvaluationAbandoned as e:
+                        if env.is_main:
+                            log.warning("eval at step %d: %s", self.step, e)
+                        stop = True
+                        path = path or self.save()
+                if stop:
                     self.checkpoints.wait()  # written in the background: complete before exit
                     raise Preempted(self.step, str(path))
-                if (t.eval_interval and self.step % t.eval_interval == 0) or (
-                    done and t.eval_at_end
-                ):
-                    self.evaluate()
             self.checkpoints.wait()  # the run ends once a save in the background is complete
         elapsed = time.perf_counter() - start_time
         self.progress.close()
@@ -516,6 +553,7 @@ class Trainer:
                 self.run_dir, env.device, env.world_size, self.step,
                 job=job.key if job else None, job_restart=job.restart if job else 0,
                 job_command=list(job.command) if job else None,
+                ckpt_dir=self.run_folder.record,  # the run the folder belongs to
             )  # fmt: skip
             with atomic_path(self.run_dir / CONFIG_FILE) as tmp:  # never half a config
                 tmp.write_text(config_yaml(self.cfg))
@@ -624,8 +662,9 @@ class Trainer:
 
     # ------------------------------------------------------------------- eval
 
-    def evaluate(self) -> dict[str, float]:
-        """The validation metrics (flashtrain/train/evaluation.py), logged and kept."""
+    def evaluate(self, preempt: PreemptionHandler | None = None) -> dict[str, float]:
+        """The validation metrics (flashtrain/train/evaluation.py), logged and kept. With
+        `preempt`, its request (SIGTERM) abandons the evaluation: EvaluationAbandoned."""
         sharded = is_sharded(self.strategy)
         model = self.model if sharded else self.raw_model
         metrics = evaluate_model(
@@ -634,6 +673,7 @@ class Trainer:
             self.env,
             sharded=sharded,
             autocast=partial(autocast, self.precision, self.strategy, self.env.device),
+            stop_requested=(lambda: preempt.requested) if preempt else (lambda: False),
         )
         self.eval_history.append((self.step, metrics))
         if self.env.is_main:
@@ -667,3 +707,6 @@ class Trainer:
         if self.lock is not None:  # the folder is free once this run has stopped writing it
             self.lock.release()
             self.lock = None
+        if self.run_folder is not None:  # the loggers are closed: nothing writes there now
+            self.run_folder.release()
+            self.run_folder = None

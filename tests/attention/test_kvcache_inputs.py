@@ -6,7 +6,9 @@
   left padding, outside the window, past a row's causal diagonal or in an unused page slot leaves
   the output as if it were finite; one a row sees makes that row non-finite (25.10);
 - offsets past 2^31 (head-major caches, long query chunks, outputs) are int64, and the limit
-  left in int32 (keys per cache entry) is refused by name (25.10).
+  left in int32 (keys per cache entry) is refused by name (25.10);
+- a cache row named by two entries of cache_batch_idx is refused while k, v are appended (two
+  entries' keys in one slot), and read by both without them (56.6).
 """
 
 import json
@@ -19,6 +21,7 @@ import pytest
 import torch
 
 from flashtrain.attention import flash_attn_with_kvcache
+from flashtrain.attention.reference import attention_reference
 from flashtrain.attention.validation import MAX_SEQLEN
 
 SCRIPT = Path(__file__).with_name("huge_strides_decode.py")
@@ -203,6 +206,33 @@ def test_a_nonfinite_value_a_row_sees_still_makes_it_nan(route, where):
     got = _run(q, k2 if where == "k" else kc, v2 if where == "v" else vc, **opts)
     assert not got[0][0].isfinite().all(dim=-1).any(), "every head of entry 0 sees the NaN"
     _assert_unchanged(got, _run(q, kc, vc, **opts), rows=[1])
+
+
+# ------------------------------------------------------------------ repeated cache rows
+
+
+def test_a_row_two_appending_entries_name_is_refused_and_two_readers_share_it(route):
+    """flash-attn's contract: cache_batch_idx names distinct rows when k, v are appended. With
+    [1, 0, 1] entries 0 and 2 would write their new key into the same slot of row 1, and entry
+    0 would attend entry 2's key: refused naming the argument and the row, before any write.
+    Without k, v both read row 1, each at its own length, as float64 attention does."""
+    kc, vc = _caches(2, 12, 2, 16, seed=8)
+    q, k, v = torch.randn(3, 1, 4, 16), torch.randn(3, 1, 2, 16), torch.randn(3, 1, 2, 16)
+    rows = torch.tensor([1, 0, 1], dtype=torch.int32)
+    kc2, vc2 = kc.clone(), vc.clone()
+    with pytest.raises(ValueError, match=r"cache_batch_idx names cache row 1 for 2 entries"):
+        flash_attn_with_kvcache(q, kc2, vc2, k, v, cache_seqlens=5, cache_batch_idx=rows)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc), "nothing written"
+    lens = torch.tensor([6, 9, 11], dtype=torch.int32)
+    out, lse = _run(q, kc, vc, cache_seqlens=lens, cache_batch_idx=rows, causal=True)
+    for entry, (row, length) in enumerate(zip(rows.tolist(), lens.tolist())):
+        want_out, want_lse = attention_reference(
+            q[entry : entry + 1].double(), kc[row : row + 1, :length].double(),
+            vc[row : row + 1, :length].double(), causal=True,
+        )  # fmt: skip
+        torch.testing.assert_close(out[entry : entry + 1].double(), want_out, atol=2e-5, rtol=0)
+        torch.testing.assert_close(lse[entry : entry + 1].double(), want_lse.double(), atol=1e-4,
+                                   rtol=0)  # fmt: skip
 
 
 # ------------------------------------------------------------------ int64 offsets, limits

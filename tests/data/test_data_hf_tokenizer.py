@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from data_testing import lm_config, write_text_corpus
+from hub_testing import use_hub_cache
 
 from flashtrain.data import build_data, prepare_data
 from flashtrain.data.config import LMCorpusConfig
@@ -136,8 +137,7 @@ def test_vocab_size_mismatch_names_the_tokenizers_count(folder, tmp_path):
 
 def test_offline_uncached_hub_id_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    use_hub_cache(monkeypatch, tmp_path / "empty" / "hub")
     cfg = LMCorpusConfig(tokenizer="hf:some-org/some-llama")
     for check in (lambda: build_tokenizer(cfg, tmp_path), lambda: check_tokenizer_source(cfg)):
         with pytest.raises(FileNotFoundError) as err:
@@ -156,7 +156,7 @@ def test_a_cached_hub_tokenizer_loads_offline(folder, tmp_path, monkeypatch):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("a" * 40)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    use_hub_cache(monkeypatch, tmp_path / "hub")
     local = build_tokenizer(LMCorpusConfig(tokenizer=f"hf:{folder}"), tmp_path)
     cached = build_tokenizer(LMCorpusConfig(tokenizer="hf:org/tiny-llama"), tmp_path)
     assert cached.name == local.name

@@ -3,8 +3,13 @@ download. No test talks to the hub: hf_hub_download is replaced by a guard that 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import huggingface_hub
 import pytest
+from hub_testing import use_hub_cache
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from flashtrain.data import hub
@@ -16,7 +21,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 @pytest.fixture
 def hf_cache(tmp_path, monkeypatch):
     cache = tmp_path / "hf" / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    use_hub_cache(monkeypatch, cache)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
     def no_network(*args, **kwargs):
@@ -91,3 +96,40 @@ def test_a_failed_download_names_the_file_and_the_way_out(hf_cache, monkeypatch)
 def test_unknown_tokenizer_is_refused():
     with pytest.raises(ValueError, match="known: gpt2"):
         hub.fetch_tokenizer_files("llama")
+
+
+CHILD = """
+from flashtrain.data import hf_tokenizer, hub
+print(hub.hub_cache_dir())
+print(hub.fetch_tokenizer_files("gpt2"))
+print(hf_tokenizer.find_tokenizer_folder("org/tok"))
+"""
+HUB_VARIABLES = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")
+
+
+def test_the_cache_is_where_the_hubs_environment_variables_put_it(tmp_path):
+    """Each variable the hub library reads (HF_HUB_CACHE before HF_HOME when both are set),
+    in a fresh process: the library reads them once, when it is imported. The expected folder
+    is the hub's documented rule, written out here; the files, its layout (fill_cache)."""
+    cases = {
+        "HF_HUB_CACHE": ({"HF_HUB_CACHE": "c1"}, "c1"),
+        "HUGGINGFACE_HUB_CACHE": ({"HUGGINGFACE_HUB_CACHE": "c2"}, "c2"),
+        "HF_HOME": ({"HF_HOME": "h3"}, "h3/hub"),
+        "XDG_CACHE_HOME": ({"XDG_CACHE_HOME": "x4"}, "x4/huggingface/hub"),
+        "both": ({"HF_HUB_CACHE": "c5", "HF_HOME": "h5"}, "c5"),
+    }
+    env = {k: v for k, v in os.environ.items() if k not in HUB_VARIABLES}
+    env.update(HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1")  # not the user's own cache
+    children = {}
+    for case, (variables, where) in cases.items():
+        cache = tmp_path / where
+        snapshots = (fill_cache(cache), fill_cache(cache, "org/tok", ("tokenizer.json",)))
+        settings = {k: str(tmp_path / v) for k, v in variables.items()}
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD], env=env | settings, stdout=subprocess.PIPE, text=True
+        )
+        children[case] = (child, [str(cache), *map(str, snapshots)])
+    for case, (child, expected) in children.items():
+        out, _ = child.communicate(timeout=120)
+        assert child.returncode == 0, case
+        assert out.split() == expected, case

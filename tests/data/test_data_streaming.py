@@ -1,10 +1,11 @@
 """Streaming LM corpora (larger than the disk): exact resume and disjoint ranks."""
 
 import itertools
+import random
 
 import pytest
 import torch
-from data_testing import lm_config
+from data_testing import lm_config, random_text, write_jsonl
 
 from flashtrain.data import build_data
 
@@ -34,6 +35,29 @@ def test_streaming_resume_is_exact_even_with_a_shuffle_buffer(tmp_path):
     resumed.load_state_dict(state)
     got = list(itertools.islice(resumed.train_batches(), 4))
     assert state["epoch"] >= 1
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(expected, got))
+
+
+def test_a_rank_resumes_its_own_stream_where_files_do_not_divide_between_ranks(tmp_path):
+    """3 files for 2 ranks: `datasets` splits them by documents, and a skip() of the rank's
+    documents already read would skip in the stream of both ranks, so the resumed rank read
+    half of them again. Resumed past two reads of 64 documents, it goes on exactly."""
+    rng = random.Random(0)
+    (tmp_path / "corpus").mkdir()
+    for f in range(3):
+        docs = [{"text": random_text(rng, 8)} for _ in range(100)]
+        write_jsonl(tmp_path / "corpus" / f"part{f}.jsonl", docs)
+    cfg = lm_config(tmp_path, data_files=str(tmp_path / "corpus" / "*.jsonl"), streaming=True)
+    module = make(cfg, rank=1, world_size=2)
+    stream = module.train_batches()
+    for _ in range(100):
+        next(stream)
+    state = module.state_dict()
+    assert state["docs_read"] == 128 and state["epoch"] == 0
+    expected = list(itertools.islice(stream, 60))  # 3000 tokens: into the rank's next read
+    resumed = make(cfg, rank=1, world_size=2)
+    resumed.load_state_dict(state)
+    got = list(itertools.islice(resumed.train_batches(), 60))
     assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(expected, got))
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from data_testing import write_wordpiece_vocab
+from hub_testing import use_hub_cache
 
 from flashtrain.data.config import LMCorpusConfig
 from flashtrain.data.tokenization import ByteTokenizer, build_tokenizer, load_gpt2, load_wordpiece
@@ -55,14 +56,14 @@ def test_gpt2_bpe_from_local_vocab_and_merges(tmp_path):
 
 
 def test_gpt2_found_in_the_cache_dir_tokenizers_folder(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    use_hub_cache(monkeypatch, tmp_path / "hf" / "hub")
     _write_tiny_gpt2_files(tmp_path / "cache" / "tokenizers" / "gpt2")
     tok = build_tokenizer(LMCorpusConfig(tokenizer="gpt2"), tmp_path / "cache")
     assert tok.encode_batch(["ab"]) == [[3]]
 
 
 def test_missing_gpt2_files_say_what_to_download_and_where(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    use_hub_cache(monkeypatch, tmp_path / "hf" / "hub")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))
     monkeypatch.delenv("FLASHTRAIN_TOKENIZERS", raising=False)
     with pytest.raises(FileNotFoundError) as error:
@@ -73,7 +74,7 @@ def test_missing_gpt2_files_say_what_to_download_and_where(tmp_path, monkeypatch
 
 
 def test_missing_wordpiece_vocab_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    use_hub_cache(monkeypatch, tmp_path / "hf" / "hub")
     with pytest.raises(FileNotFoundError, match="vocab.txt"):
         build_tokenizer(LMCorpusConfig(tokenizer="wordpiece"), tmp_path / "cache")
 
@@ -88,7 +89,7 @@ def test_gpt2_found_in_the_tiktoken_cache(tmp_path, monkeypatch):
 
     from flashtrain.data.tokenization import _TIKTOKEN_GPT2
 
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    use_hub_cache(monkeypatch, tmp_path / "hf" / "hub")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))
     _write_tiny_gpt2_files(tmp_path / "files")
     (tmp_path / "tiktoken").mkdir()

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from config_testing import REPO
+from config_testing import REPO, train_testing
 from data_testing import write_text_corpus
 from test_data_hf_tokenizer import SENTENCES, write_llama_like_tokenizer
 
@@ -160,7 +160,8 @@ def test_train_exits_2_naming_the_file(tmp_path, breakage):
             "logger=none", "data=text_files", f"data.data_files={tmp_path}/corpus/*.txt",
             f"data.tokenizer=hf:{folder}", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
     res = subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=180)  # fmt: skip
+                         capture_output=True, text=True,
+                         timeout=train_testing().HANG_GUARD_S)  # fmt: skip
     assert res.returncode == 2, res.stderr[-3000:]
     output = res.stdout + res.stderr  # the log line goes to the console
     assert "Traceback" not in output, output[-3000:]

@@ -229,6 +229,7 @@ def test_workers_that_do_not_stop_are_killed_in_bounded_time():
     executor = ProcessPoolExecutor(1, mp_context=context)
     busy = executor.submit(time.sleep, 600)  # deaf to the stop event, as a stuck worker is
     workers = list(executor._processes.values())
+    manager = executor._executor_manager_thread  # the pool's queues are its until it ends
     deadline = time.monotonic() + 120
     while not busy.running():
         assert time.monotonic() < deadline, "the worker never started its task"
@@ -237,3 +238,4 @@ def test_workers_that_do_not_stop_are_killed_in_bounded_time():
     pf.stop_workers(executor, context.Event(), wait_s=0.2)
     assert time.monotonic() - start < 30
     assert workers and not any(w.is_alive() for w in workers)
+    assert not manager.is_alive()  # nothing of the pool is left running when it returns

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import os
 
 import pytest
@@ -13,7 +14,10 @@ import torch
 from hf_testing import transformers
 
 import flashtrain.hf.attention as hf_attention
+from flashtrain.attention import flash_attn_func, flash_attn_varlen_func
+from flashtrain.attention.reference import attention_reference
 from flashtrain.hf.attention import register
+from flashtrain.hf.padded_varlen import padded_as_varlen
 
 
 @pytest.fixture(params=["triton", "torch"])
@@ -165,14 +169,6 @@ def test_what_the_kernels_cannot_honour(monkeypatch, caplog):
                                       num_attention_heads=2, vocab_size=41)  # fmt: skip
     ours, eager = twins(config)
     ids = torch.randint(0, 41, (2, 6))
-    refused = 'output_attentions=True needs attn_implementation="eager"'
-    with pytest.raises(ValueError, match=refused):
-        ours(ids, output_attentions=True)  # Llama passes the flag to the attention function
-    # GPT-2 pops it and records what its attention layers return (transformers' output hooks)
-    gpt2, _ = twins(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32,
-                                            vocab_size=41))  # fmt: skip
-    with pytest.raises(ValueError, match=refused):
-        gpt2(ids, output_attentions=True)
     # an arbitrary 4-D float mask (a bias): SDPA, with a warning, equal to eager
     bias = torch.randn(2, 1, 6, 6).tril() + torch.full((6, 6), float("-inf")).triu(1)
     with torch.no_grad(), caplog.at_level("WARNING", logger="flashtrain.hf"):
@@ -188,6 +184,96 @@ def test_what_the_kernels_cannot_honour(monkeypatch, caplog):
     capped, _ = twins(gemma)
     with pytest.raises(ValueError, match="softcap rules out the SDPA fallback"):
         capped(ids, attention_mask=bias)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_output_attentions_gives_none_as_sdpa_does(arch, monkeypatch, caplog):
+    """transformers' fused backends compute no probabilities and return None for them (sdpa
+    warns once when the flag reaches it): the same outputs, no attentions, one warning naming
+    "eager". Llama passes the flag to the attention function; GPT-2 pops it and records what
+    its layers return (transformers' output hooks). transformers' own statement of it is
+    test_eager_matches_sdpa_inference's fp32_pad_left_output_attentions case."""
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    monkeypatch.setattr(hf_attention, "_warned_attentions", False)  # warned once per process
+    register()
+    config = (
+        transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                 num_attention_heads=2, vocab_size=41)
+        if arch == "llama"
+        else transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32, vocab_size=41)
+    )  # fmt: skip
+    ours, eager = twins(config)
+    sdpa = transformers.AutoModelForCausalLM.from_config(
+        copy.deepcopy(config), attn_implementation="sdpa"
+    )
+    sdpa.load_state_dict(eager.state_dict())
+    ids, mask, _ = padded_batch(41, left=True)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="flashtrain.hf"):
+        got = ours(ids, attention_mask=mask, output_attentions=True)
+        again = ours(ids, attention_mask=mask, output_attentions=True)
+        want = eager(ids, attention_mask=mask).logits
+        from_sdpa = sdpa.eval()(ids, attention_mask=mask, output_attentions=True)
+    real = mask.bool()
+    torch.testing.assert_close(got.logits[real], want[real], atol=2e-5, rtol=1e-4)
+    # no probabilities, in sdpa's form of saying so (5.x: an empty tuple, 5.0 also None / Nones)
+    assert got.attentions == from_sdpa.attentions
+    assert all(a is None for a in got.attentions or ())
+    assert torch.equal(again.logits, got.logits)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "flashtrain.hf"]
+    if arch == "gpt2" and importlib.util.find_spec("transformers.utils.output_capturing") is None:
+        assert warnings == []  # 5.0 has no recorder: its GPT-2 keeps the flag from every backend
+        return
+    assert len(warnings) == 1, warnings
+    assert "does not support output_attentions=True" in warnings[0]
+    assert 'use attn_implementation="eager"' in warnings[0]
+
+
+def _varlen_run(q, k, v, cu_q, cu_k, max_q, max_k, causal):
+    """padded_as_varlen's run on flashtrain's op directly: (B, T, H, D) in, (B, Tq, H, D) out."""
+    out = flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k,
+                                 max_q, max_k, causal=causal)  # fmt: skip
+    return out.view(q.shape)
+
+
+@pytest.mark.parametrize(
+    "kernels, causal, padded_queries_attend",
+    # the BERT tests below run the attending layout on the Triton route too
+    [("torch", True, False), ("torch", False, False), ("torch", False, True),
+     ("triton", True, False)],
+)  # fmt: skip
+def test_the_padded_layout_is_masked_attention(kernels, causal, padded_queries_attend, monkeypatch):
+    """padded_varlen.py against masked attention by the definition (float64), forward and
+    backward: the real queries attend the real keys (causal in the tokens' own positions, the
+    queries being the last ones, as when decoding against a cache); a padded query attends the
+    real keys with padded_queries_attend (what eager computes in a bidirectional layer) and
+    nothing (0) without. Padding at the left, the right, inside a row, and a row without any."""
+    if kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton route on CPU tensors needs TRITON_INTERPRET=1")
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", kernels)
+    g = torch.Generator().manual_seed(9)
+    real = torch.ones(4, 10, dtype=torch.bool)
+    real[0, :3] = False
+    real[1, 7:] = False
+    real[2, 2:5] = False
+    for q_len in (10, 3):
+        q = torch.randn(4, q_len, 2, 8, generator=g, requires_grad=True)
+        k, v = (torch.randn(4, 10, 1, 8, generator=g, requires_grad=True) for _ in range(2))
+        run = functools.partial(_varlen_run, causal=causal)
+        out = padded_as_varlen(q, k, v, real, run, padded_queries_attend=padded_queries_attend)
+        real_q = real[:, -q_len:]
+        seen = real[:, None, None, :] & (
+            True if padded_queries_attend else real_q[:, None, :, None]
+        )
+        want, _ = attention_reference(*(x.double() for x in (q, k, v)), causal=causal,
+                                      element_mask=seen)  # fmt: skip
+        torch.testing.assert_close(out, want.float(), atol=1e-5, rtol=1e-5)
+        if not padded_queries_attend:
+            assert torch.equal(out[~real_q], torch.zeros_like(out[~real_q]))
+        dout = torch.randn(out.shape, generator=g)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        want_grads = torch.autograd.grad(want, (q, k, v), dout.double())
+        for got, expected in zip(grads, want_grads):
+            torch.testing.assert_close(got, expected.float(), atol=1e-5, rtol=1e-5)
 
 
 def test_packed_documents_attend_only_within_themselves(route, varlen_calls):
@@ -207,8 +293,12 @@ def test_packed_documents_attend_only_within_themselves(route, varlen_calls):
     assert varlen_calls == [17] * 2
 
 
-def test_bert_encoder_with_padding(route, varlen_calls):
-    """Bidirectional (no causal mask) with a padding mask: the varlen op over the real tokens."""
+@pytest.mark.parametrize("left", [True, False], ids=["left", "right"])
+def test_bert_encoder_with_padding(route, varlen_calls, left):
+    """Bidirectional with a padding mask: every output equals eager's, at the padded positions
+    too (eager's additive mask hides the padded keys from every query row, so a padded query
+    attends the real keys; transformers' equivalence tests compare those rows); one varlen call
+    per layer over every query, the padded keys in sequences of their own that no query sees."""
     config = transformers.BertConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                      num_attention_heads=2, vocab_size=41, max_position_embeddings=32)  # fmt: skip
     torch.manual_seed(6)
@@ -216,10 +306,16 @@ def test_bert_encoder_with_padding(route, varlen_calls):
     ours = bert(copy.deepcopy(config), attn_implementation="flashtrain").eval()
     eager = bert(copy.deepcopy(config), attn_implementation="eager").eval()
     eager.load_state_dict(ours.state_dict())
-    ids, mask, _ = padded_batch(41, left=False)
+    ids, mask, _ = padded_batch(41, left=left)
     labels = ids.masked_fill(mask == 0, -100)
     assert_twins_agree(ours, eager, ids, mask, labels)
-    assert varlen_calls == [int(mask.sum())] * 2
+    with torch.no_grad():
+        got = ours(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        want = eager(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    for layer, (a, b) in enumerate(zip(got.hidden_states, want.hidden_states)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"hidden state {layer}")
+    torch.testing.assert_close(got.logits, want.logits, atol=2e-5, rtol=1e-4)
+    assert varlen_calls == [ids.numel()] * 4  # two forwards of two layers (and the backward)
 
 
 def test_from_pretrained_with_flashtrain_attention(tmp_path, monkeypatch):
@@ -237,3 +333,86 @@ def test_from_pretrained_with_flashtrain_attention(tmp_path, monkeypatch):
     ids = torch.randint(0, 41, (2, 12), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, eager(ids).logits, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "llama",
+        "bert",
+        pytest.param("gpt2", marks=pytest.mark.slow),  # ~4 s on 2 busy cores: causal, as llama
+    ],
+)
+def test_a_padded_batch_compiles_whole(arch, monkeypatch):
+    """torch.compile(fullgraph=True) of a model on a padded batch: one graph, no break (the
+    padding mask takes the static layout, padded_varlen.py, instead of the unpad's
+    data-dependent shapes), with eager flashtrain's outputs and gradients at every position.
+    transformers' own statements of it: test_sdpa_can_compile_dynamic and
+    test_torch_compile_for_training, with a padded attention_mask."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    monkeypatch.setenv("FLASHTRAIN_CPU_ATTENTION", "torch")
+    register()
+    if arch == "bert":
+        config = transformers.BertConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                         num_attention_heads=2, vocab_size=41,
+                                         max_position_embeddings=32)  # fmt: skip
+        torch.manual_seed(6)
+        ours = transformers.AutoModelForMaskedLM.from_config(
+            config, attn_implementation="flashtrain"
+        ).eval()
+    else:
+        config = (
+            transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=41)
+            if arch == "llama"
+            else transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32,
+                                         vocab_size=41)
+        )  # fmt: skip
+        ours, _ = twins(config)
+    ids, mask, _ = padded_batch(41, left=True)
+    mask[1, 8:] = 0  # right padding in the same batch
+    probe = torch.randn(*ids.shape, config.vocab_size, generator=torch.Generator().manual_seed(2))
+
+    def outputs_and_grads(model):
+        """Logits at every position, and the gradients of a sum over all of them (padded rows
+        included; a loss inside the model would add transformers' own logging to the graph)."""
+        model.zero_grad()
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        (logits * probe).sum().backward()
+        grads = {n.removeprefix("_orig_mod."): p.grad.clone() for n, p in model.named_parameters()}
+        return logits.detach(), grads
+
+    want_logits, want_grads = outputs_and_grads(ours)
+    torch._dynamo.reset()
+    counter = CompileCounter()  # counts the graphs and runs them as traced
+    compiled = torch.compile(ours, fullgraph=True, backend=counter)  # a break raises
+    try:
+        logits, grads = outputs_and_grads(compiled)
+    finally:
+        torch._dynamo.reset()
+    assert counter.frame_count == 1
+    assert sorted(grads) == sorted(want_grads)
+    torch.testing.assert_close(logits, want_logits, atol=2e-5, rtol=1e-4)
+    for name in want_grads:
+        torch.testing.assert_close(grads[name], want_grads[name], atol=2e-5, rtol=1e-3, msg=name)
+
+
+def test_a_transformers_without_the_paged_decoding_slots(monkeypatch):
+    """transformers before 5.19 has no _process_with_kvcache_kwargs_fn (5.0 no
+    _flash_with_kvcache_fn either): the integration fills the slots that exist and installs as
+    on a newer one (run for real with transformers 5.0 and 5.18; this pins the feature
+    detection, on this transformers with those slots taken away until the test ends: its own
+    wrapper reads them, so no model runs here)."""
+    import transformers.modeling_flash_attention_utils as fa
+
+    for slot in ("_process_with_kvcache_kwargs_fn", "_flash_with_kvcache_fn"):
+        monkeypatch.delattr(fa, slot, raising=False)  # 5.0 has neither
+    monkeypatch.setattr(fa, "_loaded_implementation", None)  # installs again
+    monkeypatch.setattr(fa, "_flash_varlen_fn", None)
+    assert register() == "flashtrain"
+    assert fa._loaded_implementation == "flashtrain"
+    assert fa._flash_fn is flash_attn_func and fa._flash_varlen_fn is flash_attn_varlen_func
+    assert not hasattr(fa, "_process_with_kvcache_kwargs_fn")
+    assert not hasattr(fa, "_flash_with_kvcache_fn")

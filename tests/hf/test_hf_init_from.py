@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_testing import TINY_RUN, run_train, step_losses, tiny_bert_mlm
+from hub_testing import use_hub_cache
 
 from flashtrain.checkpoint import initial_weights
 from flashtrain.models import build_model
@@ -85,7 +86,7 @@ def test_architecture_mismatch_is_refused_naming_the_field(exported, tmp_path):
 
 def test_offline_and_missing_hub_id_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    use_hub_cache(monkeypatch, tmp_path / "hub")
     cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=64, vocab_size=16, max_seq_len=64)
     with pytest.raises(FileNotFoundError) as err:
         initialised({**cfg, "init_from": "hf:openai-community/gpt2"}, "reference")
@@ -126,6 +127,6 @@ def test_a_dry_run_checks_the_source_without_reading_weights(exported, tmp_path,
     with pytest.raises(ConfigError, match="model.init_from=hf:.*model.arch=llama"):
         run(compose([*dry, "model=llama-tiny", f"model.init_from=hf:{exported}"]), tmp_path / "l")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    use_hub_cache(monkeypatch, tmp_path / "empty-cache")
     with pytest.raises(ConfigError, match="not in the cache .* HF_HUB_OFFLINE=1 .* local folder"):
         run(compose([*dry, "model.init_from=hf:nobody/no-such-model"]), tmp_path / "missing")

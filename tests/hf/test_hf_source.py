@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_testing import assert_same_state, tiny_gpt2
+from hub_testing import use_hub_cache
 
 from flashtrain.checkpoint import initial_weights
 from flashtrain.hf import from_hf, to_hf
@@ -46,7 +47,7 @@ def test_a_cached_hub_model_loads_offline(tmp_path, monkeypatch):
     files = {p.name: p for p in (tmp_path / "src").iterdir()}
     cache_snapshot(tmp_path / "hub", REPO_ID, files)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    use_hub_cache(monkeypatch, tmp_path / "hub")
 
     assert_same_state(to_hf(from_hf(REPO_ID, attention=REF)).state_dict(), hf.state_dict())
     cfg = dict(arch="gpt2", n_layer=2, n_head=2, d_model=32, vocab_size=61, max_seq_len=40)
@@ -76,7 +77,7 @@ def fake_hub(monkeypatch, repo_files: dict[str, Path], cache: Path) -> list[str]
 
     monkeypatch.setattr("huggingface_hub.snapshot_download", snapshot_download)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    use_hub_cache(monkeypatch, cache)
     return fetched
 
 

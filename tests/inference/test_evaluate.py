@@ -4,9 +4,11 @@ token once, positions beyond the trained length are interpolated, the files name
 
 import json
 import math
+import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 from inference_testing import tiny_llama
 
 from flashtrain.checkpoint import load_model
@@ -16,10 +18,12 @@ from flashtrain.inference.evaluate import (
     evaluate_length,
     token_losses,
     window_starts,
+    windows,
 )
-from flashtrain.inference.evaluate_cli import main
+from flashtrain.inference.evaluate_cli import main, with_trained_masking
 from flashtrain.inference.run_tokenizer import run_config, run_tokenizer
 from flashtrain.lab.checkout import CONFIGS
+from flashtrain.models import build_model
 
 
 def _data(run):
@@ -88,6 +92,84 @@ def test_sliding_windows_over_the_whole_split_score_all_but_the_first_token(
     result = evaluate_length(model, data, seq_len, stride=stride, batch_size=16)
     assert result.tokens == length - 1
     assert result.windows == f"sliding, stride {stride}"
+
+
+@pytest.fixture(scope="module")
+def short_documents(tmp_path_factory) -> dict:
+    """A byte-level corpus of one-line documents of 1 to 3 short words: at most 18 tokens each
+    with its <eos>, its own validation file (document masking: the config's default)."""
+    root = tmp_path_factory.mktemp("documents")
+    rng = random.Random(0)
+    words = "alpha beta gamma delta eps zeta eta theta".split()
+    for name, count in (("train", 100), ("val", 40)):
+        lines = [" ".join(rng.choices(words, k=rng.randint(1, 3))) for _ in range(count)]
+        (root / f"{name}.txt").write_text("\n".join(lines) + "\n")
+    return dict(loader="lm_corpus", name="documents", data_files=str(root / "train.txt"),
+                val_files=str(root / "val.txt"), sample_by="line",
+                cache_dir=str(root / "cache"))  # fmt: skip
+
+
+def _random_decoder(arch: str):
+    """A random decoder of 32 positions over the byte tokenizer's 258 ids: GPT-2 (learned
+    positions) or a Llama (rotary, GQA, a sliding window and softcaps)."""
+    if arch == "llama":
+        return tiny_llama(vocab_size=258)
+    torch.manual_seed(0)
+    model = build_model(dict(arch="gpt2", n_layer=2, n_head=2, d_model=32, max_seq_len=32,
+                             vocab_size=258), "flash").eval()  # fmt: skip
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.3)  # large enough that the context moves every logit
+    return model
+
+
+def _loss_of_each_document_alone(model, data: dict) -> float:
+    """The reference: the model run on each validation document by itself (no document tables,
+    positions from 0), scoring every label of the split but the first token, as the sliding
+    windows do; a document's <eos> predicts the next one's first token, as in training."""
+    split = build_data(data, seq_len=32, micro_batch_size=1, seed=0, eval_batches=None)
+    tokens = torch.from_numpy(split.splits["validation"].tokens.astype("int64"))
+    ends = [i + 1 for i, t in enumerate(tokens[:-1].tolist()) if t == split.eos_id]
+    total = 0.0
+    with torch.no_grad():
+        for start, end in zip([0, *ends], [*ends, len(tokens) - 1]):
+            logits = model.head_logits(model.hidden_states(tokens[start:end][None]))[0]
+            total += float(F.cross_entropy(logits.double(), tokens[start + 1 : end + 1],
+                                           reduction="sum"))  # fmt: skip
+    return total / (len(tokens) - 1)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_sliding_windows_score_each_document_as_if_alone(short_documents, arch):
+    """Under document masking a sliding window carries the trainer's document tables: a token
+    attends only inside its document and positions restart at its start. With every document
+    within seq_len - stride + 1 tokens each is then scored as if alone, at any stride; without
+    the tables (document_masking=false, or before the windows had them) the loss depends on
+    the stride and on the documents before."""
+    model = _random_decoder(arch)
+    reference = _loss_of_each_document_alone(model, short_documents)
+    for stride in (5, 13):
+        result = evaluate_length(model, short_documents, 32, stride=stride, batch_size=16)
+        assert result.loss == pytest.approx(reference, rel=1e-6), stride
+    across = dict(short_documents, document_masking=False)
+    batches, _, _ = windows(across, 32, stride=13, batch_size=16, max_batches=1, seed=0)
+    assert "cu_seqlens" not in next(iter(batches))  # unmasked windows as before
+    attending_across = evaluate_length(model, across, 32, stride=13, batch_size=16).loss
+    assert abs(attending_across - reference) > 1e-3 * reference  # the corpus shows the tables
+
+
+def test_other_data_is_masked_as_the_run_was_trained():
+    """--data's config has its own data.document_masking default (true): the windows follow the
+    run's setting as in effect (eos_policy=none masks nothing) unless an override names it."""
+    other = dict(loader="lm_corpus", document_masking=True, eos_policy="append")
+    across = dict(loader="lm_corpus", document_masking=False)
+    no_eos = dict(loader="lm_corpus", document_masking=True, eos_policy="none")
+    recall = dict(loader="synthetic")
+    for run, masks in ((across, False), (no_eos, False), (recall, False), (other, True)):
+        assert with_trained_masking(other, [], run)["document_masking"] is masks
+    assert with_trained_masking(other, ["document_masking=true"], across) == other
+    assert with_trained_masking(recall, [], other) == recall  # a loader without the key
 
 
 def test_windows_cover_each_label_once():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 
 import pytest
 import torch
@@ -177,36 +176,40 @@ def test_the_real_split_ops_make_exactly_these_calls(monkeypatch, mode, layout, 
 
 
 class _Slow(torch.autograd.Function):
-    """Identity whose backward sleeps `seconds`."""
+    """Identity whose backward takes `seconds` of the test's clock (a list of one float)."""
 
     @staticmethod
-    def forward(ctx, x, seconds):
-        ctx.seconds = seconds
+    def forward(ctx, x, clock, seconds):
+        ctx.clock, ctx.seconds = clock, seconds
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        time.sleep(ctx.seconds)
-        return grad, None
+        ctx.clock[0] += ctx.seconds
+        return grad, None, None
 
 
-def test_attention_timer_spans_forward_recompute_and_backward_only():
+def test_attention_timer_spans_forward_recompute_and_backward_only(monkeypatch):
     """Under recompute the op's forward runs twice (two spans), its backward once; work after
-    the op (here a slow backward outside it) is not counted; gradients pass unchanged."""
+    the op (here a slow backward outside it) is not counted; gradients pass unchanged. On a
+    clock of the test's own, which moves only where the op's work and the work after it do (a
+    busy machine's pauses would add to the wall clock's spans)."""
     timer = lc.AttentionTimer(torch.device("cpu"))
+    clock = [0.0]
+    monkeypatch.setattr(timer, "_now", lambda: clock[0])
     w, w2 = (torch.randn(4, 4, dtype=torch.float64, requires_grad=True) for _ in "ww")
 
     def block(x):
         call, (q, k, v) = timer.enter(x, 2 * x, 3 * x)
-        time.sleep(0.01)  # the op's forward
-        out = timer.exit(call, _Slow.apply(q @ w + k * v, 0.03))  # the op's backward: 30 ms
-        return _Slow.apply(out @ w2, 0.1)  # after the op: 100 ms not counted
+        clock[0] += 0.01  # the op's forward: 10 ms
+        out = timer.exit(call, _Slow.apply(q @ w + k * v, clock, 0.03))  # its backward: 30 ms
+        return _Slow.apply(out @ w2, clock, 0.1)  # after the op: 100 ms not counted
 
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     checkpoint(block, x, use_reentrant=False).sum().backward()
     assert len(timer.spans["fwd"]) == 2 and len(timer.spans["bwd"]) == 1
     ms = timer.milliseconds()
-    assert ms["fwd"] >= 20 and 30 <= ms["bwd"] < 100, ms
+    assert ms == {"fwd": pytest.approx(20), "bwd": pytest.approx(30)}, ms
     x2 = x.detach().requires_grad_()
     expected = torch.autograd.grad(((x2 @ w + 6 * x2 * x2) @ w2).sum(), (x2, w, w2))
     for grad, want in zip((x.grad, w.grad, w2.grad), expected):

@@ -24,11 +24,13 @@ from flashtrain.lab.paper_call.budget import (
     deadline_for,
     equal_steps,
 )
+from flashtrain.lab.paper_call.children import ChildResult
 from flashtrain.lab.paper_call.cli import MAX_OUT_FILES, check_folders
 from flashtrain.lab.paper_call.probe import steady_step_s
 from flashtrain.lab.paper_call.settings import DRY_RUN, GPU, context_run, pathfinder_run
 
 REPO = Path(__file__).resolve().parents[2]
+HANG_GUARD_S = 900  # the dry run takes about a minute on 2 idle cores, a few on busy ones
 
 
 # ---- the budget -------------------------------------------------------------------------------
@@ -226,6 +228,68 @@ def test_too_little_time_skips_context_length_without_starting_a_run(tmp_path):
     assert call.record["commands"] == []
 
 
+class _Finished:
+    """A child that has already ended (exit 0), keeping the time limit the call gave it."""
+
+    limits: dict[str, float] = {}
+
+    def __init__(self, argv, tag, log, env, cwd):
+        self.tag = tag
+
+    def wait(self, timeout_s, grace_s):
+        self.limits[self.tag] = timeout_s
+        return ChildResult(self.tag, 0, 0.0)
+
+
+def _limits(tmp_path, monkeypatch, settings) -> dict[str, float]:
+    """The time limits one call with `settings` gives its probe, a run of 3 steps (0.1 s each,
+    2 s fixed) and the evaluation."""
+    monkeypatch.setattr(driver, "Child", _Finished)
+    _Finished.limits = {}
+    call = driver.Call(settings, tmp_path / "out", tmp_path / "work", settings.budget_s,
+                       echo=lambda text: None)  # fmt: skip
+    driver.run_probe(call, {"ctx32": []}, [])
+    run = context_run(plan("context-length", "gpu-call").runs[0], settings)
+    cost = RunCost(step_s=0.1, fixed_s=2.0)
+    trained = driver.train_run(call, run, plan("context-length", "gpu-call"), 3, cost, [], 1e9)
+    call.record["context_length"] = {"evaluation_estimate_s": 3.0}
+    driver.evaluate(call, [{**trained, "steps": 3}])
+    call.log.close()
+    return {("run" if tag == run.name else tag): s for tag, s in _Finished.limits.items()}
+
+
+def test_the_dry_runs_time_limits_are_hang_guards(tmp_path, monkeypatch):
+    """The dry run of a loaded machine (load 6 on 2 cores) once met its own deadlines: "probe:
+    failed: exit -15 (deadline)". Its limits are scaled up (settings.deadline_scale) so that
+    only a hung child meets one; the GPU call's stay its predictions with their slack."""
+    gpu = _limits(tmp_path / "gpu", monkeypatch, GPU)
+    assert gpu == {"probe": GPU.probe_limit_s, "run": deadline_for(RunCost(0.1, 2.0), 3),
+                   "evaluate": 60.0}  # fmt: skip
+    dry = _limits(tmp_path / "dry", monkeypatch, DRY_RUN)
+    assert dry.keys() == gpu.keys()
+    assert all(limit >= 180 for limit in dry.values()), dry  # minutes, not seconds
+    assert dry["run"] == DRY_RUN.deadline_scale * gpu["run"]
+
+
+def test_a_signal_while_a_child_starts_stops_it(tmp_path, monkeypatch):
+    """SIGINT between a child's start and its entry among the running ones (the signal handler
+    stops only those): the child is stopped as it is entered, not left to run to its end."""
+    call = driver.Call(DRY_RUN, tmp_path, tmp_path / "work", 100.0, echo=lambda text: None)
+    stops = []
+
+    class SignalledWhileStarting:
+        def __init__(self, argv, tag, log, env, cwd):
+            call.on_signal(signal.SIGINT, None)  # nothing is running yet: nothing stopped
+
+        def stop(self, grace_s, why):
+            stops.append(why)
+
+    monkeypatch.setattr(driver, "Child", SignalledWhileStarting)
+    call.start(["true"], "probe")
+    call.log.close()
+    assert stops == ["stopped by SIGINT"]
+
+
 # ---- the dry run ------------------------------------------------------------------------------
 
 
@@ -243,7 +307,7 @@ def test_the_dry_run_runs_every_phase_and_reports_flat(tmp_path):
     equal steps and tokens, their evaluation by position, Pathfinder-32, the report."""
     out, work = tmp_path / "out", tmp_path / "work"
     proc = _call(out, work)
-    output = proc.communicate(timeout=240)[0]
+    output = proc.communicate(timeout=HANG_GUARD_S)[0]
     assert proc.returncode == 0, output[-4000:]
     files = sorted(p.name for p in out.iterdir())
     assert files == ["call.json", "call.log", "call.md", "context-length.png", "pathfinder.png"]
@@ -271,21 +335,26 @@ def test_the_dry_run_runs_every_phase_and_reports_flat(tmp_path):
     assert (work / "runs" / runs[0]["name"] / "checkpoints").is_dir()
 
 
+def _commands(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line.startswith("$ ")]
+
+
 def test_a_stopped_call_still_reports(tmp_path):
     """SIGINT while context-length trains: the run in flight is stopped (SIGTERM: it
     checkpoints), nothing else starts, the report says so; exit 1."""
     out, work = tmp_path / "out", tmp_path / "work"
     proc = _call(out, work)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            record = out / "call.json"
-            if record.is_file() and "context-length" in json.loads(record.read_text())["phases"]:
-                break
+        deadline = time.monotonic() + HANG_GUARD_S
+        log = out / driver.CALL_LOG
+        # the first train.py command is context-length's first run, started (a run not yet
+        # started when the signal came would never start, and none would be in flight)
+        while not (log.is_file() and "train.py" in "".join(_commands(log))):
+            assert proc.poll() is None, "the call ended before the signal"
+            assert time.monotonic() < deadline, "context-length never started a run"
             time.sleep(0.1)
-        assert proc.poll() is None, "the call ended before the signal"
         proc.send_signal(signal.SIGINT)
-        output = proc.communicate(timeout=120)[0]
+        output = proc.communicate(timeout=HANG_GUARD_S)[0]
     finally:
         proc.kill()
     assert proc.returncode == 1, output[-3000:]

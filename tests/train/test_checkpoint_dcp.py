@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from train_testing import free_port, subprocess_env
+from train_testing import HANG_GUARD_S, free_port, subprocess_env
 
 WORKER = textwrap.dedent(
     """
@@ -90,7 +90,7 @@ def test_sharded_checkpoint_hashes_while_writing_and_refuses_a_damaged_shard(tmp
         env=subprocess_env(),
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=HANG_GUARD_S,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     path = tmp_path / "step_000001"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from config_testing import REPO, compose
-from train_testing import TINY, run_train, subprocess_env
+from train_testing import HANG_GUARD_S, TINY, run_train, subprocess_env
 
 from flashtrain.checkpoint.read import find_checkpoints
 from flashtrain.checkpoint.run_lock import CheckpointDirBusy, RunLock, holds_lock
@@ -128,8 +128,8 @@ def test_a_run_asked_to_wait_starts_when_the_first_has_ended(first_run):
         wait_for(lambda: "waiting for it to end" in log.read_text(), "waiting", second, log)
         assert second.poll() is None  # waiting, not training
         first.send_signal(signal.SIGTERM)  # pre-empted: it checkpoints and ends
-        assert first.wait(timeout=120) == 143
-        assert second.wait(timeout=180) == 0, log.read_text()[-3000:]
+        assert first.wait(timeout=HANG_GUARD_S) == 143
+        assert second.wait(timeout=HANG_GUARD_S) == 0, log.read_text()[-3000:]
     finally:
         if second.poll() is None:
             second.kill()

@@ -20,7 +20,7 @@ class EvaluationFailed(RuntimeError):
     pass
 
 
-def _failing_evaluation(self):
+def _failing_evaluation(self, preempt=None):
     raise EvaluationFailed(f"evaluation at step {self.step} failed")
 
 

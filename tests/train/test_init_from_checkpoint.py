@@ -17,7 +17,7 @@ import warnings
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from train_testing import free_port, subprocess_env
+from train_testing import HANG_GUARD_S, free_port, subprocess_env
 
 from flashtrain.checkpoint import CheckpointError, initial_weights
 from flashtrain.checkpoint import read as ckpt
@@ -191,7 +191,7 @@ def test_under_torchrun_rank_0_alone_checks_the_files(tmp_path):
     env = {**subprocess_env(), "MODEL_CFG": json.dumps(TINY_GPT2)}
     res = subprocess.run(
         [sys.executable, "-c", RANKS_WORKER, str(step_dir), str(free_port()), str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=180,
+        env=env, capture_output=True, text=True, timeout=HANG_GUARD_S,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     listed = sorted(json.loads((step_dir / "meta.json").read_text())["files"])

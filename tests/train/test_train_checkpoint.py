@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import random
 
 import numpy as np
@@ -13,7 +15,7 @@ import torch
 from torch import nn
 
 from flashtrain.checkpoint import read as ckpt
-from flashtrain.checkpoint.write import save_checkpoint
+from flashtrain.checkpoint.write import ABANDONED, save_checkpoint, set_aside_newer_checkpoints
 from flashtrain.train.run_state import rng_state, set_rng_state
 
 
@@ -92,6 +94,60 @@ def test_keep_last_prunes_oldest(tmp_path):
         save(tmp_path, step, model, opt, keep_last=2)
     assert [c.step for c in ckpt.find_checkpoints(tmp_path)] == [3, 4]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000003", "step_000004"]
+
+
+def _abandoned(root):
+    """{step folder name: its digest} of every checkpoint a branch set aside under root."""
+    return {p.name: digest(p) for p in sorted((root / ABANDONED).glob("*/step_*"))}
+
+
+@pytest.mark.parametrize("keep_last", [0, 1])
+def test_a_save_of_an_older_step_keeps_the_new_line_and_sets_the_newer_one_aside(
+    tmp_path, keep_last
+):
+    """Issue 56, 1: steps 2 and 4 saved, then step 3 (a run resumed from step 2): the prune
+    kept the abandoned step 4 and deleted step 3, which `latest` still named; with keep_last=0
+    every newest lookup took step 4."""
+    model, opt = trained()
+    save(tmp_path, 2, model, opt)
+    save(tmp_path, 4, model, opt)
+    abandoned_step_4 = digest(tmp_path / "step_000004")
+    save(tmp_path, 3, model, opt, keep_last=keep_last)
+    kept = [3] if keep_last else [2, 3]
+    assert [c.step for c in ckpt.find_checkpoints(tmp_path)] == kept
+    assert (tmp_path / "latest").read_text().strip() == "step_000003"
+    assert ckpt.resolve_resume("auto", tmp_path) == tmp_path / "step_000003"
+    assert ckpt.resolve_checkpoint(tmp_path) == tmp_path / "step_000003"
+    assert _abandoned(tmp_path) == {"step_000004": abandoned_step_4}  # kept whole, aside
+    for later in (5, 6):  # later saves and prunes never reach into abandoned/
+        save(tmp_path, later, model, opt, keep_last=1)
+    assert [c.step for c in ckpt.find_checkpoints(tmp_path)] == [6]
+    assert _abandoned(tmp_path) == {"step_000004": abandoned_step_4}
+
+
+def test_a_resume_sets_the_newer_ones_aside_at_the_branch_damaged_or_not(tmp_path, caplog):
+    """At the resume from step 2 (before any save of the new line): steps 4 and 6 go aside,
+    step 6 damaged and a step 4 left moved aside by an interrupted replacement among them, and
+    every newest lookup takes step 2; the warning names each and where it went."""
+    model, opt = trained()
+    for step in (2, 4, 6):
+        save(tmp_path, step, model, opt)
+    (tmp_path / "step_000006" / ckpt.MODEL_OPTIM).write_bytes(b"damaged")
+    os.rename(tmp_path / "step_000004", tmp_path / ".step_000004.old")  # a replace cut short
+    caplog.set_level(logging.WARNING, logger="flashtrain.checkpoint")
+    moved = set_aside_newer_checkpoints(tmp_path, 2)
+    assert [p.name for p in moved] == ["step_000004", "step_000006"]
+    assert [c.step for c in ckpt.find_checkpoints(tmp_path)] == [2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ABANDONED, "latest", "step_000002"]
+    assert (tmp_path / "latest").read_text().strip() == "step_000002"
+    assert ckpt.resolve_resume("auto", tmp_path) == tmp_path / "step_000002"
+    assert ckpt.resolve_checkpoint(tmp_path) == tmp_path / "step_000002"
+    line = caplog.records[-1].getMessage()
+    assert "step_000004, step_000006" in line and str(moved[0].parent) in line
+    assert set_aside_newer_checkpoints(tmp_path, 2) == []  # the line already goes on from 2
+    save(tmp_path, 1, model, opt)  # a save before everything there: step 2 goes aside as well
+    assert [c.step for c in ckpt.find_checkpoints(tmp_path)] == [1]
+    assert len(list((tmp_path / ABANDONED).iterdir())) == 2  # one folder per branch
 
 
 def test_a_crash_while_writing_leaves_previous_checkpoints_intact(tmp_path, monkeypatch):

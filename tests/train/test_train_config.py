@@ -98,19 +98,24 @@ GROUP_OPTIONS = [
     for group in ("model", "attention", "data", "trainer", "optim", "logger")
     for option in group_options(group)
 ]
+
+
 # What an option needs from the rest of the config (the default is GPT-2 on LM data: a model of
-# another task needs its data, data of another task its model).
-CLASSIFIER = ["model=pathx-classifier", "seq_len=1024"]
+# another task needs its data, data of another task its model; images their seq_len).
+def _classifier(side: int) -> list[str]:
+    return ["model=pathx-classifier", f"seq_len={side * side}"]
+
+
 NEEDS = {
     ("model", "pathx-classifier"): ["data=pathfinder32", "seq_len=1024"],
     ("model", "bert-base"): ["data=bert_mlm"],
     ("model", "bert-large"): ["data=bert_mlm"],
     ("data", "bert_mlm"): ["model=bert-base"],
     ("data", "pysrc_mlm"): ["model=bert-base"],
-    ("data", "pathfinder32"): CLASSIFIER,
-    ("data", "pathfinder64"): CLASSIFIER,
-    ("data", "pathx"): CLASSIFIER,
-    ("data", "path256"): CLASSIFIER,
+    ("data", "pathfinder32"): _classifier(32),
+    ("data", "pathfinder64"): _classifier(64),
+    ("data", "pathx"): _classifier(128),
+    ("data", "path256"): _classifier(256),
     ("data", "long_doc"): ["model=bert-base", "model.head=classification"],
 }
 
@@ -178,7 +183,7 @@ def test_a_typo_is_answered_by_the_closest_key_first(override, first_line):
 @pytest.mark.slow  # ~7 s (train.py in a subprocess); the messages are checked in-process above
 def test_a_typo_on_the_command_line_names_the_allowed_keys(tmp_path):
     """train.py adds the schema's keys to Hydra's own message; a user error exits with 2."""
-    res = run_train(["data.num_keyz=3"], cwd=tmp_path, timeout=120)
+    res = run_train(["data.num_keyz=3"], cwd=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     first = res.stderr.strip().splitlines()[0]
     assert first.startswith("unknown key 'data.num_keyz' (did you mean data.num_keys?)"), first

@@ -4,11 +4,14 @@ on a machine without the data (no tokenizer files, no token cache, no Pathfinder
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from config_testing import compose
 from train_testing import run_train, subprocess_env
 
-from flashtrain.train import ConfigError, run
+from flashtrain.train import ConfigError, main, run
+from flashtrain.train.entry import EXIT_USER_ERROR
 
 
 @pytest.fixture
@@ -116,3 +119,70 @@ def test_a_model_of_another_task_than_the_data_is_refused_before_any_data(
         run(cfg, no_data_here / "run")
     assert str(refused.value) == message
     assert sorted(p.name for p in no_data_here.iterdir()) == []  # no images, no cache, no run dir
+
+
+def _blocker(tmp_path) -> str:
+    """A file where a folder should be."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    return str(blocker)
+
+
+# Refused at start by a dry run and a real run alike (the config's validation, or the start
+# check of the data's source and the folders the run writes): one line, exit 2, before the
+# model is built, so nothing is summarised and nothing made.
+START_REFUSALS = {
+    "Pathfinder contour too long for its images": lambda tmp: (
+        ["model=pathx-classifier", "data=pathfinder32", "seq_len=1024", "data.contour_length=60"],
+        "data.contour_length=60 does not fit a 32x32 image: allowed are 2 to 21 paddles there",
+    ),
+    "Pathfinder seq_len not the image's": lambda tmp: (
+        ["model=pathx-classifier", "data=pathfinder32", "seq_len=4096"],
+        "pathfinder32 images are 32x32 = 1024 tokens; set seq_len=1024 (got 4096)",
+    ),
+    "BERT pairs too short": lambda tmp: (
+        ["model=bert-base", "data=pysrc_mlm", "seq_len=4"],
+        "seq_len=4 leaves no room for the masked-LM pairs [CLS] A [SEP] B [SEP] of data "
+        "'pysrc_mlm': seq_len must be >= 5",
+    ),
+    "BERT preset of another seq_len": lambda tmp: (
+        ["model=bert-base", "data=pysrc_mlm", "data.preset=mlperf", "seq_len=128"],
+        "data.preset=mlperf needs seq_len=512, got 128",
+    ),
+    "synthetic validation of no size": lambda tmp: (
+        ["model=gpt2-tiny", "data=synthetic", "trainer.eval_batches=null"],
+        "set trainer.eval_batches (validation batches per rank) to a number",
+    ),
+    "a corpus without a source": lambda tmp: (
+        ["model=gpt2-tiny", "data=text_files"],
+        "data config 'text_files' names no source",
+    ),
+    "long documents from the hub": lambda tmp: (
+        ["model=bert-base", "model.head=classification", "data=long_doc", "data.hub_name=a/b"],
+        "data config 'long_doc' needs `data_files`: local .jsonl or .csv files",
+    ),
+    "logger.dir below a file": lambda tmp: (
+        ["model=gpt2-tiny", "data=synthetic", "logger=wandb", f"logger.dir={_blocker(tmp)}/w"],
+        f"logger.dir {tmp}/blocker/w is not a directory (a file is in the way): logger=wandb's "
+        "files need a folder this run can create and write; point logger.dir at one",
+    ),
+    "trainer.ckpt_dir below a file": lambda tmp: (
+        ["model=gpt2-tiny", "data=synthetic", f"trainer.ckpt_dir={_blocker(tmp)}/c"],
+        f"trainer.ckpt_dir {tmp}/blocker/c is not a directory (a file is in the way)",
+    ),
+}
+
+
+@pytest.mark.parametrize("steps", [0, 1], ids=["dry run", "real run"])
+@pytest.mark.parametrize("case", START_REFUSALS)
+def test_what_the_settings_rule_out_is_refused_at_start(case, steps, no_data_here, caplog):
+    caplog.set_level("INFO", logger="flashtrain")
+    overrides, message = START_REFUSALS[case](no_data_here)
+    cfg = compose([f"trainer.max_steps={steps}", *overrides])
+    with pytest.raises(SystemExit) as exit_info:
+        main(cfg)
+    assert exit_info.value.code == EXIT_USER_ERROR
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and message in errors[0], errors
+    assert "params: " not in caplog.text  # refused before the model was built and summarised
+    assert sorted(p.name for p in no_data_here.iterdir()) in ([], ["blocker"])

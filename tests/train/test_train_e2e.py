@@ -85,6 +85,20 @@ def test_resume_continues_with_exactly_the_same_losses(tmp_path):
     assert resumed["losses"] == full["losses"][4:]
     assert resumed["evals"] == full["evals"][-1:]
 
+    # a branch in a's own folder from its step 4, saving every 2 steps with keep_last=1 (issue
+    # 56, 1: the prune deleted the new step 6 and kept a's abandoned step 8): the new line is
+    # the run's, a's step 8 is set aside whole, and a's metrics hold each step once
+    checkpoints = tmp_path / "a" / "checkpoints"
+    abandoned_step_8 = digest(checkpoints / "step_000008")
+    branch = ["trainer.ckpt_interval=2", "trainer.keep_last=1", f"trainer.resume={ckpt4}"]
+    branched = run(_tiny(tmp_path, "trainer.max_steps=8", *branch), tmp_path / "a")
+    assert branched["losses"] == full["losses"][4:]
+    assert [c.step for c in find_checkpoints(checkpoints)] == [8]
+    assert branched["checkpoint"] == str(checkpoints / "step_000008")
+    (set_aside,) = (checkpoints / "abandoned").glob("*/step_000008")
+    assert digest(set_aside) == abandoned_step_8
+    assert step_losses(tmp_path / "a" / "metrics.jsonl") == dict(full["losses"])
+
     # resume=auto in the same run directory, after a run that stopped at step 4 (its schedule
     # pinned to the full run's: optim.decay_steps)
     run(_tiny(tmp_path, "trainer.max_steps=4", "optim.decay_steps=8"), tmp_path / "d")
@@ -110,7 +124,7 @@ def test_max_steps_zero_builds_and_prints_params(tmp_path, caplog):
 
 
 def test_gpt2_16k_on_cpu_refuses_with_the_estimate_and_the_override(tmp_path):
-    res = run_train(["model=gpt2", "seq_len=16384", "logger=none"], cwd=tmp_path, timeout=180)
+    res = run_train(["model=gpt2", "seq_len=16384", "logger=none"], cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-2000:]
     out = res.stdout + res.stderr
     assert "per optimizer step on this CPU" in out
@@ -176,7 +190,7 @@ class TestBadCheckpoints:
         shutil.copytree(saved, tmp_path / "copy")
         (tmp_path / "copy" / "step_000002" / "trainer.pt").write_bytes(b"garbage")
         args = TINY + ["trainer.max_steps=4", f"trainer.resume={tmp_path / 'copy'}"]
-        res = run_train(args, cwd=tmp_path, timeout=90)
+        res = run_train(args, cwd=tmp_path)
         assert res.returncode == 2
         assert "CheckpointError" in res.stdout + res.stderr and "corrupt" in res.stdout + res.stderr
         assert "Traceback" not in res.stderr

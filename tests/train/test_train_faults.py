@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from config_testing import REPO, compose
-from train_testing import TINY, read_metrics, subprocess_env
+from train_testing import TINY, free_port, read_metrics, subprocess_env
 
 import flashtrain.models
 import flashtrain.train.context_parallel
@@ -32,8 +33,9 @@ def _tiny(tmp_path, *extra):
     return compose(TINY + list(extra))
 
 
-def _patch_forward(monkeypatch, transform):
-    """Wrap the built model's forward: transform(call_index, output) -> output."""
+def _patch_forward(monkeypatch, transform, *, training=True):
+    """Wrap the built model's forward: transform(call_index, output) -> output, for the
+    training forward passes (training=False: the evaluation's)."""
     real = flashtrain.models.build_model
     calls = {"n": 0}
 
@@ -43,7 +45,7 @@ def _patch_forward(monkeypatch, transform):
 
         def patched(**batch):
             out = forward(**batch)
-            if model.training:
+            if model.training == training:
                 calls["n"] += 1
                 out = transform(calls["n"], out)
             return out
@@ -129,6 +131,31 @@ def test_sigterm_in_process_writes_a_checkpoint_and_stops(tmp_path, monkeypatch)
     assert resumed["losses"] == full["losses"][3:]
 
 
+def test_sigterm_during_an_evaluation_abandons_it_checkpoints_and_stops(tmp_path, monkeypatch):
+    """A scheduler's SIGTERM during an evaluation at a step without a checkpoint: the
+    evaluation stops at its next batch (it used to run on, and a long one into the scheduler's
+    SIGKILL), the step is checkpointed and the run stops; the resume is exact."""
+    evaluated = []
+
+    def transform(call, out):
+        evaluated.append(call)
+        if call == 2:  # the evaluation's second batch of 20
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    _patch_forward(monkeypatch, transform, training=False)
+    steps = ["optim.decay_steps=5", "trainer.eval_interval=3", "trainer.eval_at_end=false"]
+    cfg = _tiny(tmp_path, *steps, "trainer.max_steps=50", "trainer.eval_batches=20")
+    with pytest.raises(Preempted, match="stopped by SIGTERM after step 3"):
+        run(cfg, tmp_path / "run")
+    assert evaluated == [1, 2]  # no batch after the signal
+    assert [c.step for c in find_checkpoints(tmp_path / "run" / "checkpoints")] == [3]
+    full = run(_tiny(tmp_path, *steps, "trainer.max_steps=5"), tmp_path / "full")
+    resume = ["trainer.max_steps=5", "trainer.resume=auto"]
+    resumed = run(_tiny(tmp_path, *steps, *resume), tmp_path / "run")
+    assert resumed["losses"] == full["losses"][3:]
+
+
 @pytest.mark.slow  # ~31 s on 2 busy cores: left out of the normal suite (10 minutes)
 def test_sigterm_to_the_command(tmp_path):
     args = TINY + ["trainer.max_steps=100000", "trainer.ckpt_interval=0", "hydra.run.dir=out"]
@@ -141,19 +168,64 @@ def test_sigterm_to_the_command(tmp_path):
         text=True,
     )
     metrics = tmp_path / "out" / "metrics.jsonl"
-    deadline = time.time() + 90
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            break
+    deadline = time.monotonic() + 300  # a hang guard: the third step comes in seconds
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no third step before the signal:\n{proc.communicate()[0][-3000:]}")
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=60)
+    output, _ = proc.communicate(timeout=300)
     assert proc.returncode == EXIT_PREEMPTED, output[-2000:]
     (ckpt,) = find_checkpoints(tmp_path / "out" / "checkpoints")
     assert ckpt.step >= 3 and ckpt.step == read_metrics(metrics)[-1]["step"]
     assert f"stopped by SIGTERM after step {ckpt.step}" in output
     assert f"pre-empted at step {ckpt.step}, checkpoint {ckpt.path} written, exit 143" in output
     assert "trainer.resume=auto" in output
+
+
+@pytest.mark.slow  # ~40 s on 2 busy cores: two ranks under torchrun
+def test_sigterm_to_one_rank_during_an_evaluation_stops_every_rank(tmp_path):
+    """SIGTERM to one rank of two while they evaluate (100000 batches a rank: minutes): the
+    ranks vote before each batch, so both leave the evaluation at the same batch, checkpoint
+    step 2 together and exit 143 (one rank alone in the save's collectives would hang)."""
+    args = TINY + [
+        "trainer.max_steps=100",
+        "trainer.ckpt_interval=0",
+        "trainer.eval_interval=2",
+        "trainer.eval_batches=100000",
+        "hydra.run.dir=out",
+    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    proc = subprocess.Popen(
+        [*torchrun, f"--master_port={free_port()}", str(REPO / "train.py"), *args],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        metrics = tmp_path / "out" / "metrics.jsonl"
+        deadline = time.time() + 300  # a hang guard: the row comes in seconds
+        # step 2's row is written after its stop vote and before its evaluation
+        while not (metrics.exists() and any(r["step"] == 2 for r in read_metrics(metrics))):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.1)
+        children = Path("/proc") / str(proc.pid) / "task" / str(proc.pid) / "children"
+        workers = [int(pid) for pid in children.read_text().split()]
+        assert len(workers) == 2
+        os.kill(workers[-1], signal.SIGTERM)  # one rank's scheduler signal
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    (ckpt,) = find_checkpoints(tmp_path / "out" / "checkpoints")
+    assert ckpt.step == 2, output[-3000:]
+    assert "eval at step 2: evaluation abandoned after" in output
+    for rank in (0, 1):
+        line = f"rank {rank}/2: pre-empted at step 2, checkpoint {ckpt.path} written, exit 143"
+        assert line in output, output[-3000:]
 
 
 def test_oom_advice_names_the_overrides():

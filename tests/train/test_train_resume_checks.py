@@ -1,6 +1,7 @@
 """A resume checks what it is handed: the model settings the checkpoint was written for (every
 field that changes what the model computes, not only the tensor shapes), its format version,
-its step, and its checksums (a checkpoint without them loads only when allowed)."""
+its step, and its checksums (a checkpoint without them loads only when allowed); and what it
+does with other optimizer settings: per-group values applied, another grouping refused."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import json
 import shutil
 
 import pytest
+import torch
 from config_testing import compose
 from train_testing import TINY
 
 from flashtrain.checkpoint.read import CheckpointError, verify_checkpoint
-from flashtrain.train import run
+from flashtrain.train import ConfigError, run
+from flashtrain.train.trainer import Trainer
 
 STEPS = ["trainer.max_steps=3", "trainer.eval_interval=0", "trainer.eval_at_end=false"]
 
@@ -117,3 +120,67 @@ def test_a_checkpoint_without_checksums_loads_only_when_allowed(written, copy, t
     assert out["losses"] == losses[2:]
     with pytest.raises(CheckpointError, match="no checksums"):
         verify_checkpoint(copy)
+
+
+def test_other_optimizer_values_are_applied_at_resume(copy, tmp_path, caplog):
+    """optim.weight_decay, betas and eps changed at resume take effect (the loaded optimizer
+    state_dict's groups used to overwrite them, silently): the next update is AdamW's with the
+    new values, built independently here from the checkpoint's weights and moments."""
+    new = ["optim.weight_decay=0.0", "optim.betas=[0.5,0.6]", "optim.eps=1e-3"]
+    cfg = compose(TINY + STEPS + [f"trainer.resume={copy}", *new])
+    trainer = Trainer(cfg, tmp_path / "resumed")
+    try:
+        assert trainer.checkpoints.resume()
+        params = dict(trainer.raw_model.named_parameters())
+        lr = trainer.optimizer.param_groups[0]["lr"]  # the saved schedule's, at step 3
+        saved = torch.load(copy / "model_optim.pt", weights_only=True)
+        reference = {name: saved["model"][name].clone().requires_grad_() for name in params}
+        adamw = torch.optim.AdamW(
+            list(reference.values()), lr=lr, betas=(0.5, 0.6), eps=1e-3, weight_decay=0.0
+        )
+        for name, p in reference.items():
+            adamw.state[p] = {k: v.clone() for k, v in saved["optim"]["state"][name].items()}
+        gen = torch.Generator().manual_seed(0)
+        for name, p in params.items():
+            p.grad = torch.randn(p.shape, generator=gen)
+            reference[name].grad = p.grad.clone()
+        trainer.optimizer.step()
+        adamw.step()
+        for name, p in params.items():
+            assert torch.equal(p.detach(), reference[name].detach()), name
+        for line in (
+            "optim.weight_decay: 0.1 -> 0.0 (applied at resume)",
+            "optim.betas: [0.9, 0.95] -> [0.5, 0.6] (applied at resume)",
+            "optim.eps: 1e-08 -> 0.001 (applied at resume)",
+        ):
+            assert line in caplog.text
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize(
+    "overrides, changes",
+    [
+        (  # both: one group left (it crashed in the scheduler's step: zip() ValueError)
+            ["optim.decay_norm_and_bias=true", "optim.decay_embeddings=true"],
+            "optim.decay_norm_and_bias: false -> true; optim.decay_embeddings: false -> true",
+        ),
+        (["optim.decay_embeddings=true"], "optim.decay_embeddings: false -> true"),  # was silent
+    ],
+    ids=["one-group", "embeddings"],
+)
+def test_another_parameter_grouping_is_refused_before_loading(
+    copy, tmp_path, monkeypatch, overrides, changes
+):
+    import flashtrain.checkpoint.read as checkpoint
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the checkpoint was loaded before the grouping check")
+
+    monkeypatch.setattr(checkpoint, "set_model_state_dict", must_not_load)
+    with pytest.raises(ConfigError) as err:
+        resume(tmp_path, copy, *overrides)
+    text = str(err.value)
+    assert f"with other optimizer groups: {changes}." in text
+    assert "optim.decay_embeddings=false, or start a new run from its weights" in text
+    assert f"model.init_from={copy}" in text

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from config_testing import REPO, compose
-from train_testing import TINY, free_port, subprocess_env
+from refused_writes import refusing_open
+from train_testing import HANG_GUARD_S, TINY, free_port, subprocess_env
 
 import flashtrain.train.trainer as trainer_module
 from flashtrain.checkpoint.read import find_checkpoints, verify_checkpoint
@@ -60,36 +61,15 @@ def test_a_full_disk_while_writing_latest_keeps_the_complete_checkpoint(
 ):
     """ENOSPC after the checkpoint's rename, while `latest` is written: exit 4, one line that
     says the checkpoint is complete (not "the partial checkpoint was removed"), no latest.tmp."""
-    import builtins
-
     import flashtrain.checkpoint.write as checkpoint_save
 
     monkeypatch.chdir(tmp_path)
 
-    class FullDisk:  # a file whose write fails as on a full disk
-        def __init__(self, handle):
-            self.handle = handle
+    def second_latest(path):  # the write of `latest` naming step 2
+        return path.name == "latest.tmp" and (path.parent / "step_000002").exists()
 
-        def write(self, text):
-            self.handle.write(text[: len(text) // 2])
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        def __getattr__(self, name):
-            return getattr(self.handle, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.handle.close()
-
-    def fill_at_the_second_latest(path, *args, **kwargs):
-        handle = builtins.open(path, *args, **kwargs)
-        if Path(path).name == "latest.tmp" and (Path(path).parent / "step_000002").exists():
-            return FullDisk(handle)
-        return handle
-
-    monkeypatch.setattr(checkpoint_save, "open", fill_at_the_second_latest, raising=False)
+    full_disk = refusing_open(second_latest, errno.ENOSPC)
+    monkeypatch.setattr(checkpoint_save, "open", full_disk, raising=False)
     ckpt_dir, error = _run_onto_a_full_disk(tmp_path, caplog)
     assert (
         f"writing {ckpt_dir / 'latest'}: checkpoint {ckpt_dir / 'step_000002'} is complete" in error
@@ -99,6 +79,34 @@ def test_a_full_disk_while_writing_latest_keeps_the_complete_checkpoint(
     assert (ckpt_dir / "latest").read_text().strip() == "step_000001"
     verify_checkpoint(ckpt_dir / "step_000002")
     assert [c.step for c in find_checkpoints(ckpt_dir)][-1] == 2  # what resume=auto takes
+
+
+def test_a_full_disk_on_a_write_no_writer_names_is_one_line_and_exit_4(
+    tmp_path, monkeypatch, caplog
+):
+    """Any write of a run (here a metrics row) that a full disk or a spent quota refuses: exit 4,
+    one line naming the file (flashtrain/no_space.py), not a crash's traceback."""
+    import flashtrain.train.entry as entry
+    from flashtrain.train.loggers import JsonlSink
+
+    monkeypatch.chdir(tmp_path)
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+
+    class OverQuota:
+        def write(self, text):
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    sink._file = OverQuota()
+    monkeypatch.setattr(entry, "run", lambda cfg: sink.log({"train/loss": 1.0}, step=1))
+    with pytest.raises(SystemExit) as exit_info:
+        main(compose(TINY))
+    assert exit_info.value.code == EXIT_NO_SPACE
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        f"NoSpaceError: disk quota exceeded writing {tmp_path / 'metrics.jsonl'}; free space in "
+        f"your disk quota on {tmp_path}, then run again (trainer.resume=auto continues from the "
+        "newest checkpoint)"
+    ]
 
 
 def test_ctrl_c_exits_130(tmp_path, monkeypatch, caplog):
@@ -161,7 +169,7 @@ def test_a_full_disk_on_rank_0_ends_the_other_rank_with_exit_4_too(tmp_path):
         env=subprocess_env(),
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=HANG_GUARD_S,
     )
     out = res.stdout + res.stderr
     # the first rank to end (often rank 1, which wrote nothing) ends with 4, neither with a

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from config_testing import REPO, compose
-from train_testing import TINY, run_train, subprocess_env
+from train_testing import HANG_GUARD_S, TINY, run_train, subprocess_env
 
 from flashtrain.data import prepare_data
 from flashtrain.train import main
@@ -121,7 +121,7 @@ def test_a_crash_prints_its_traceback_and_exits_1(tmp_path):
         env=subprocess_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert res.returncode == 1, res.stderr[-2000:]
     assert "Traceback" in res.stderr and "ValueError: a bug inside the loop" in res.stderr

@@ -48,7 +48,13 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_train(args: list[str], cwd: Path, *, timeout: float = 120, nproc: int = 0, env=None):
+# A child's time limit, a hang guard: a tiny train.py run takes seconds on 2 idle cores and
+# minutes on a loaded machine (a limit that load can meet fails tests that are right).
+HANG_GUARD_S = 900
+
+
+def run_train(args: list[str], cwd: Path, *, timeout: float = HANG_GUARD_S, nproc: int = 0,
+              env=None):  # fmt: skip
     """`python train.py args` (or under torchrun with nproc processes) in cwd."""
     if nproc:
         cmd = [

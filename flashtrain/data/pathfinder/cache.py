@@ -21,6 +21,8 @@ other settings are kept (they continue when those settings run again) and named 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import json
 import logging
 import os
@@ -36,12 +38,13 @@ import numpy as np
 from flashtrain.data.files import atomic_path, exclusive_lock, remove_stale_temporaries
 from flashtrain.data.pathfinder.generator import (
     GENERATOR_VERSION,
+    check_contour_length,
     check_workers_may_start,
     chunk_tasks,
     run_chunks,
-    settings_for,
 )
 from flashtrain.file_integrity import fsync_directory
+from flashtrain.no_space import free_space, no_space_errno, no_space_named, shortage
 
 log = logging.getLogger("flashtrain.data")
 
@@ -84,16 +87,34 @@ def load_or_generate(
     """Memory-mapped (images (N, R, R) uint8, labels (N,) int64), generated on the first call
     (continuing an interrupted generation of the same settings): in this process (num_workers
     None or 1) or in num_workers worker processes (see generator.generate_pathfinder)."""
-    settings_for(resolution)
+    check_contour_length(resolution, contour_length)  # before any folder or lock is made
     if num < 1:
         raise ValueError(f"pathfinder num_samples must be >= 1, got {num}")
     directory = pathfinder_cache_dir(root, resolution, contour_length, num, seed)
     meta = _meta(resolution, contour_length, num, seed)
+    no_space = functools.partial(_no_space_message, Path(root), directory)
     with exclusive_lock(directory.parent, f".{directory.name}.lock"):
         clean_up_after_interrupted_runs(directory)
         if not directory.exists():
-            generate_cache(directory, meta, num_workers=num_workers, progress=progress)
+            with no_space_named(no_space):
+                generate_cache(directory, meta, num_workers=num_workers, progress=progress)
     return _open_cache(directory, meta)
+
+
+def _no_space_message(root: Path, directory: Path, code: int, refused: Path | None) -> str:
+    """The line for a generation that ran out of space (or quota): what of it is kept."""
+    work = work_dir(directory)
+    kept = (
+        f"the images generated so far are kept in {work} (the next run with the same settings "
+        "continues from them)"
+        if work.exists()
+        else "nothing of it was kept"
+    )
+    return (
+        f"{shortage(code)} generating the Pathfinder cache {directory}: {kept}; "
+        f"{free_space(code, root)} (data.cache_dir), or set data.cache_dir to a folder on "
+        "another disk"
+    )
 
 
 def _open_cache(directory: Path, meta: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -229,6 +250,11 @@ def _start(work: Path, meta: dict, chunk_size: int):
         work / "images.npy", mode="w+", dtype=np.uint8, shape=(num, size, size)
     )
     labels = np.lib.format.open_memmap(work / "labels.npy", mode="w+", dtype=np.int64, shape=(num,))
+    try:
+        _reserve_space(work)
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)  # nothing generated yet: give the space back
+        raise
     done: set[int] = set()
     _save_progress(work, (images, labels), done, meta, chunk_size)
     return (images, labels), done
@@ -251,13 +277,34 @@ def _resume(work: Path, meta: dict, chunk_size: int):
         if labels.shape != (num,) or labels.dtype != np.int64:
             raise ValueError(f"labels.npy holds {labels.dtype} {labels.shape}")
         done = _rechunk(num, int(saved["chunk_size"]), saved["done"], chunk_size)
+        _reserve_space(work)  # a work folder of an older version's is sparse
     except (OSError, ValueError, KeyError, TypeError) as error:
+        if no_space_errno(error) is not None:  # usable, the disk full: kept for the next run
+            raise
         log.warning("discarding the unusable partial Pathfinder generation %s (%s)", work, error)
         shutil.rmtree(work)
         return None
     kept = sum(min(chunk_size, num - c * chunk_size) for c in done)
     log.info("continuing the Pathfinder generation in %s: %d of %d images done", work, kept, num)
     return (images, labels), done
+
+
+def _reserve_space(work: Path) -> None:
+    """Allocate the arrays' whole files on disk now. They are created sparse, and a memory-mapped
+    write into a sparse file on a full disk (or over quota) kills the process with SIGBUS, with
+    no message and no progress saved; reserved, a full disk is an OSError (ENOSPC) here, before
+    any image is generated. A file system (or OS: macOS) without fallocate is left as it is."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    for name in ("images.npy", "labels.npy"):
+        fd = os.open(work / name, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        finally:
+            os.close(fd)
 
 
 def _rechunk(num: int, saved_size: int, saved_done, chunk_size: int) -> set[int]:

@@ -65,12 +65,6 @@ class PathfinderClassification(SampledDataModule):
 
     def __init__(self, cfg: PathfinderConfig, run: DataRun):
         super().__init__(run)
-        size = cfg.resolution
-        if self.seq_len != size * size:
-            raise ValueError(
-                f"{cfg.name} images are {size}x{size} = {size * size} tokens; set "
-                f"seq_len={size * size} (got {self.seq_len})"
-            )
         self.generated_with = {  # with seq_len (= resolution**2): what the images are
             "data.contour_length": cfg.contour_length,
             "data.num_samples": cfg.num_samples,
@@ -83,6 +77,18 @@ class PathfinderClassification(SampledDataModule):
         self.sampler = EpochSampler(
             len(self.dataset["train"]), seed=self.seed, rank=self.rank, world_size=self.world_size
         )
+
+    @classmethod
+    def check_run_settings(
+        cls, cfg: PathfinderConfig, *, seq_len: int, eval_batches: int | None
+    ) -> None:
+        """One token per pixel: seq_len is the image's."""
+        size = cfg.resolution
+        if seq_len != size * size:
+            raise ValueError(
+                f"{cfg.name} images are {size}x{size} = {size * size} tokens; set "
+                f"seq_len={size * size} (got {seq_len})"
+            )
 
     @staticmethod
     def cache_args(cfg: PathfinderConfig) -> tuple:

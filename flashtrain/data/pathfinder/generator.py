@@ -93,6 +93,33 @@ def settings_for(resolution: int) -> PathfinderSettings:
     return SETTINGS[resolution]
 
 
+# The longest target contour each resolution lays out reliably. An image gets _TARGET_ROUNDS
+# rounds (target_round) to fit both targets; at these lengths a round succeeds 6% of the time
+# or more (1000 rounds of independent streams each: 32 -> 21 paddles 6.4%, 22 3.2%; 64 -> 27
+# 6.0%, 28 4.0%; 128 -> 31 7.7%, 32 4.4%; 256, the 128 scene at twice the scale, alike), so all
+# 500 fail for fewer than one image in 10^13. Longer contours fail more often the longer they
+# are (at 32x32 a round fits 24 paddles 1.1% of the time, so 0.4% of the images fail, and none
+# of 1000 rounds fits 26 or more); they are refused at start (data.contour_length), not after
+# hours of generation. tests/data/test_pathfinder_limits.py measures the rates again.
+MAX_CONTOUR_LENGTHS = {32: 21, 64: 27, 128: 31, 256: 31}
+
+
+def check_contour_length(resolution: int, contour_length: int, key: str = "contour_length") -> None:
+    """Refuse (ValueError, naming `key` and the allowed range) a contour the generator cannot
+    lay out reliably at this resolution (MAX_CONTOUR_LENGTHS), or one shorter than 2 paddles."""
+    settings_for(resolution)
+    if contour_length < 2:
+        raise ValueError(f"{key} must be >= 2 paddles, got {contour_length}")
+    longest = MAX_CONTOUR_LENGTHS[resolution]
+    if contour_length > longest:
+        lra = ", ".join(map(str, CONTOUR_LENGTHS))
+        raise ValueError(
+            f"{key}={contour_length} does not fit a {resolution}x{resolution} image: allowed "
+            f"are 2 to {longest} paddles there (longer contours fail to lay out within the "
+            f"generator's {_TARGET_ROUNDS} tries per image; LRA uses {lra})"
+        )
+
+
 def distractor_counts(contour_length: int, settings: PathfinderSettings) -> tuple[int, int]:
     """(number of distractor snakes, paddles per distractor): a third of the target length."""
     length = max(1, round(contour_length / 3))
@@ -219,26 +246,37 @@ def _random_angles(rng, count):
     return rng.uniform(-math.pi, math.pi, size=count)
 
 
-def _place_targets(scene: _Scene, rng, contour_length: int) -> list[np.ndarray]:
-    """Two target contours of full length whose first tips are seed_distance apart."""
+def target_round(scene: _Scene, rng, contour_length: int) -> list[np.ndarray] | None:
+    """One try at the two target contours of full length, first tips seed_distance apart, in a
+    cleared scene: [first, second] (committed to the scene), or None when this round's
+    proposals all got stuck."""
     s = scene.settings
     size, sd, count = s.resolution, s.seed_distance, _TARGET_PROPOSALS
-    for _ in range(_TARGET_ROUNDS):
-        scene.raster.cells[:] = False
-        # The first tip keeps 2 * seed_distance from the border, as in the original generator.
-        tips = rng.uniform(2 * sd, size - 2 * sd, size=(count, 2))
+    scene.raster.cells[:] = False
+    # The first tip keeps 2 * seed_distance from the border, as in the original generator.
+    tips = rng.uniform(2 * sd, size - 2 * sd, size=(count, 2))
+    angles = _random_angles(rng, count)
+    first = scene.grow(rng, scene.first_paddles(tips, angles), angles, contour_length)
+    if first is None:
+        return None
+    scene.commit(first)
+    for _ in range(_SECOND_TARGET_ROUNDS):
+        away = _random_angles(rng, count)
+        tips = first[0, :2] + sd * np.stack([np.sin(away), np.cos(away)], axis=-1)
         angles = _random_angles(rng, count)
-        first = scene.grow(rng, scene.first_paddles(tips, angles), angles, contour_length)
-        if first is None:
-            continue
-        scene.commit(first)
-        for _ in range(_SECOND_TARGET_ROUNDS):
-            away = _random_angles(rng, count)
-            tips = first[0, :2] + sd * np.stack([np.sin(away), np.cos(away)], axis=-1)
-            angles = _random_angles(rng, count)
-            second = scene.grow(rng, scene.first_paddles(tips, angles), angles, contour_length)
-            if second is not None:
-                return [first, scene.commit(second)]
+        second = scene.grow(rng, scene.first_paddles(tips, angles), angles, contour_length)
+        if second is not None:
+            return [first, scene.commit(second)]
+    return None
+
+
+def _place_targets(scene: _Scene, rng, contour_length: int) -> list[np.ndarray]:
+    """Two target contours of full length whose first tips are seed_distance apart."""
+    for _ in range(_TARGET_ROUNDS):
+        targets = target_round(scene, rng, contour_length)
+        if targets is not None:
+            return targets
+    size = scene.settings.resolution
     raise RuntimeError(
         f"could not lay out two {contour_length}-paddle contours at {size}x{size} in "
         f"{_TARGET_ROUNDS} rounds; the settings leave too little room"
@@ -364,9 +402,7 @@ def chunk_tasks(
     ranges, resolution: int, contour_length: int, seed: int, keep_records: bool = False
 ) -> list[tuple]:
     """Work items for run_chunks: one per (start, stop) range of image indices."""
-    settings_for(resolution)
-    if contour_length < 2:
-        raise ValueError(f"contour_length must be >= 2 paddles (LRA uses {CONTOUR_LENGTHS})")
+    check_contour_length(resolution, contour_length)
     return [(lo, hi, resolution, contour_length, seed, keep_records) for lo, hi in ranges]
 
 
@@ -451,9 +487,13 @@ def stop_workers(executor: ProcessPoolExecutor, stop, wait_s: float = WORKER_EXI
     """Stop a pool whose results are no longer wanted, in bounded time. An unbounded
     shutdown(wait=True) after an interrupt once hung under load: it waits for the pool's
     manager thread, which waits for every worker. Here the workers are told to stop, joined up
-    to wait_s, and whatever is still alive is killed; the manager thread then sees them gone."""
+    to wait_s, and whatever is still alive is killed; the manager thread then sees them gone,
+    and is joined: shutdown(wait=False) forgets it, and one still closing the pool's queues
+    while the process exits raced with the exit on a loaded machine."""
     stop.set()
-    workers = list((getattr(executor, "_processes", None) or {}).values())  # no public accessor
+    # no public accessors for the workers and the manager thread
+    workers = list((getattr(executor, "_processes", None) or {}).values())
+    manager = getattr(executor, "_executor_manager_thread", None)
     executor.shutdown(wait=False, cancel_futures=True)
     deadline = time.monotonic() + wait_s
     for worker in workers:
@@ -462,7 +502,8 @@ def stop_workers(executor: ProcessPoolExecutor, stop, wait_s: float = WORKER_EXI
         if worker.is_alive():
             worker.kill()
             worker.join()
-    executor.shutdown(wait=True)  # the manager thread: its workers are gone, it ends now
+    if manager is not None:
+        manager.join()  # its workers are gone: it closes the queues and ends now
 
 
 def generate_pathfinder_into(

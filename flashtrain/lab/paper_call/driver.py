@@ -111,7 +111,14 @@ class Call:
             raise CallStopped(self.stop_reason)
         child = Child(argv, tag, self.log, self.env, REPO)
         self.running.append(child)
+        if self.stop_reason:  # the signal came while it started: stop_children did not see it
+            child.stop(self.settings.grace_s, self.stop_reason)
         return child
+
+    def deadline(self, seconds: float) -> float:
+        """A child's own time limit: `seconds` (what it should take here, with slack) times
+        settings.deadline_scale (the dry run's limits are hang guards)."""
+        return seconds * self.settings.deadline_scale
 
     def wait_for(self, child: Child, timeout_s: float | None) -> ChildResult:
         """Wait for a child (stopping it at timeout_s) and record its command and outcome."""
@@ -238,7 +245,8 @@ def run_probe(call: Call, points: dict, prepare: list[str]) -> dict | None:
     write_json(plan_path, plan)
     out = call.work_dir / "probe.json"
     argv = call.python("-m", "flashtrain.lab.paper_call.probe", str(plan_path), "--out", str(out))
-    limit = min(call.settings.probe_limit_s, call.clock.left() - call.settings.report_reserve_s)
+    limit = min(call.deadline(call.settings.probe_limit_s),
+                call.clock.left() - call.settings.report_reserve_s)  # fmt: skip
     result = call.finish(call.start(argv, "probe"), limit)
     probe = json.loads(out.read_text()) if out.is_file() else None
     call.record["probe"] = probe
@@ -272,7 +280,7 @@ def train_run(call: Call, run: Run, plan, steps: int, cost: RunCost, extra: list
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = command(run, run_dir, [f"trainer.max_steps={steps}", *extra])
     info = record_launch(run, plan, run_dir, argv)
-    timeout = min(deadline_for(cost, steps), limit_s)
+    timeout = min(call.deadline(deadline_for(cost, steps)), limit_s)
     result = call.finish(call.start(argv, run.name), timeout)
     finish_launch(run_dir, info, result.exit_code if result.exit_code is not None else -9)
     train, evals = (
@@ -346,7 +354,7 @@ def evaluate(call: Call, results: list[dict]) -> None:
                        str(s.eval_tokens), "--batch-size", str(s.eval_batch_size),
                        *map(str, done))  # fmt: skip
     estimate = call.record["context_length"]["evaluation_estimate_s"]
-    limit = min(call.clock.left() - s.report_reserve_s, max(60.0, 3 * estimate))
+    limit = min(call.clock.left() - s.report_reserve_s, call.deadline(max(60.0, 3 * estimate)))
     result = call.finish(call.start(argv, "evaluate"), limit)
     for r in results:
         path = Path(r.get("run_dir", "-")) / EVAL_FOLDER / "eval.json"

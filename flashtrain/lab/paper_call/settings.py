@@ -38,6 +38,11 @@ class CallSettings:
     grace_s: float  # after SIGTERM at a run's deadline, before SIGKILL (its checkpoint)
     pathfinder_evals: int  # evaluations over a Pathfinder run (the accuracy curve's points)
     probe_limit_s: float  # the probe's deadline (data preparation included)
+    # Each child's own time limit (the probe's, a run's prediction plus slack, the evaluation's)
+    # times this. 1 on a GPU, where the budget is real. The dry run checks the phases' code,
+    # not the timing: its toy children take seconds on idle cores and several times that on a
+    # busy machine, so its limits (and its budget) are hang guards, never met by luck.
+    deadline_scale: float = 1.0
     # the children's environment on top of the call's: on a CPU, attention's PyTorch route,
     # not the Triton interpreter that a test run sets (minutes a step at these sizes)
     child_env: tuple[tuple[str, str], ...] = ()
@@ -69,7 +74,7 @@ GPU = CallSettings(
 _CPU = ("trainer.device=cpu", "trainer.cpu_threads=1")
 DRY_RUN = CallSettings(
     name="dry-run",
-    budget_s=300.0,
+    budget_s=1800.0,  # a hang guard like its deadlines: about a minute on 2 idle cores
     context_extra=(
         *_CPU,
         "model.n_layer=2",
@@ -108,6 +113,7 @@ DRY_RUN = CallSettings(
     grace_s=10.0,
     pathfinder_evals=2,
     probe_limit_s=60.0,
+    deadline_scale=20.0,
     child_env=(("FLASHTRAIN_CPU_ATTENTION", "torch"),),
 )
 
