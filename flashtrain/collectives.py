@@ -6,7 +6,8 @@ group was set up (flashtrain/train/distributed.py does that).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,27 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+T = TypeVar("T")
+
+
+def on_rank_0(
+    fn: Callable[[], T], errors: tuple[type[BaseException], ...], *, is_main: bool
+) -> T | None:
+    """fn() on rank 0 only (its value there, None on the other ranks). An error of `errors`
+    it raises is raised on every rank, so no rank goes on alone into a collective that the
+    others have left. Call it on every rank of the process group."""
+    result, error = None, None
+    if is_main:
+        try:
+            result = fn()
+        except errors as e:
+            error = e
+    error = broadcast_object(error)
+    if error is not None:
+        raise error
+    return result
 
 
 def gather_objects(obj: Any) -> list[Any]:

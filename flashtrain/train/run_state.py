@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from flashtrain.checkpoint import read as ckpt
 from flashtrain.checkpoint.async_write import BackgroundSaves
 from flashtrain.checkpoint.write import save_checkpoint, set_aside_newer_checkpoints
-from flashtrain.collectives import broadcast_object, gather_objects
+from flashtrain.collectives import broadcast_object, gather_objects, on_rank_0
 from flashtrain.data.stream_identity import OtherDataError
 from flashtrain.train.config import ConfigError, TrainConfig, config_dict, config_yaml
 from flashtrain.train.distributed import DistEnv, is_sharded
@@ -217,15 +217,8 @@ class RunCheckpoints:
         so no prune and no "newest" lookup after this takes them for the run's, a restart
         before the first save included. Rank 0, holding the folder's lock; every rank learns
         whether it failed."""
-        error = None
-        if self.env.is_main:
-            try:
-                set_aside_newer_checkpoints(self.root, self.state.step)
-            except OSError as e:
-                error = e
-        error = broadcast_object(error)
-        if error is not None:
-            raise error
+        set_aside = lambda: set_aside_newer_checkpoints(self.root, self.state.step)
+        on_rank_0(set_aside, (OSError,), is_main=self.env.is_main)
 
     def _resume_target(self) -> Path | None:
         """The checkpoint trainer.resume names (rank 0 looks, every rank gets its answer); in a

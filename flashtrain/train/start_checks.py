@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flashtrain.checkpoint.run_lock import check_checkpoint_folder
-from flashtrain.collectives import broadcast_object
+from flashtrain.collectives import on_rank_0
 from flashtrain.data.registry import check_data_source
 from flashtrain.train.loggers import check_logger_dir
 from flashtrain.typed_config import ConfigError
@@ -27,14 +27,15 @@ def check_run_start(cfg: Any, *, run_dir: Path, ckpt_root: Path, is_main: bool) 
     """Refuse (ConfigError) a run whose settings cannot work here: rank 0 looks (the folders
     are its to write, or shared by every rank), every rank learns its verdict (call it on each
     rank of the process group)."""
-    error = None
-    if is_main:
+
+    def check() -> None:
         try:
             check_data_source(cfg.data)  # the data layer's ValueError names the data config
             check_checkpoint_folder(ckpt_root)
             check_logger_dir(cfg, run_dir)
-        except ValueError as e:  # a ConfigError is one
-            error = e if isinstance(e, ConfigError) else ConfigError(str(e))
-    error = broadcast_object(error)
-    if error is not None:
-        raise error
+        except ConfigError:
+            raise
+        except ValueError as e:  # the data layer's: a user error all the same
+            raise ConfigError(str(e)) from e
+
+    on_rank_0(check, (ConfigError,), is_main=is_main)

@@ -31,7 +31,7 @@ from flashtrain.checkpoint.run_info import write_run_info
 from flashtrain.checkpoint.run_lock import CheckpointDirBusy, RunLock
 from flashtrain.checkpoint.shared_folder import check_same_folder_on_every_rank
 from flashtrain.checkpoint.sources import check_source
-from flashtrain.collectives import broadcast_object
+from flashtrain.collectives import broadcast_object, on_rank_0
 from flashtrain.data import build_data
 from flashtrain.data.files import atomic_path
 from flashtrain.data.hf_tokenizer import check_tokenizer_source
@@ -355,32 +355,20 @@ class Trainer:
         run is alive in it, or when it holds the records of a run with another checkpoint
         folder); every rank learns whether that failed. Waits as _lock_checkpoint_folder does
         with trainer.wait_for_lock."""
-        error = None
-        if self.env.is_main:
-            claim = RunFolderClaim(self.run_dir, self.ckpt_root, self.run_name)
-            try:
-                self.run_folder = claim.acquire(wait=self.cfg.trainer.wait_for_lock)
-            except ConfigError as e:
-                error = e
-        error = broadcast_object(error)
-        if error is not None:
-            raise error
+        claim = lambda: RunFolderClaim(self.run_dir, self.ckpt_root, self.run_name).acquire(
+            wait=self.cfg.trainer.wait_for_lock
+        )
+        self.run_folder = on_rank_0(claim, (ConfigError,), is_main=self.env.is_main)
 
     def _lock_checkpoint_folder(self) -> None:
         """Rank 0 takes the lock on the checkpoint folder (creating it: the check that it can
         be written) before the weights and the data; every rank learns whether that failed.
         While rank 0 waits for the lock (trainer.wait_for_lock), the other ranks wait for it,
         up to trainer.dist_timeout_s."""
-        error = None
-        if self.env.is_main:
-            lock = RunLock(self.ckpt_root, self.run_name)
-            try:
-                self.lock = lock.acquire(wait=self.cfg.trainer.wait_for_lock)
-            except (ConfigError, CheckpointDirBusy) as e:
-                error = e
-        error = broadcast_object(error)
-        if error is not None:
-            raise error
+        lock = lambda: RunLock(self.ckpt_root, self.run_name).acquire(
+            wait=self.cfg.trainer.wait_for_lock
+        )
+        self.lock = on_rank_0(lock, (ConfigError, CheckpointDirBusy), is_main=self.env.is_main)
         if self.env.world_size > 1:  # several nodes must share it: checked before training
             check_same_folder_on_every_rank(
                 self.ckpt_root, is_main=self.env.is_main, setting="trainer.ckpt_dir"
