@@ -112,3 +112,25 @@ def save(fig, path: Path) -> Path:
         fig.savefig(tmp, dpi=110, format="png")
     pyplot().close(fig)
     return path
+
+
+def heatmap(
+    ax, values: list[list[float | None]], *, rows: list[str], columns: list[str], title: str,
+    xlabel: str, ylabel: str,
+) -> None:  # fmt: skip
+    """values[row][column] in [0, 1] as colour (red 0 .. green 1), each cell's value written in
+    it as a percentage ("-" where None: not measured). Rows run top to bottom."""
+    import numpy as np
+
+    grid = np.array([[np.nan if v is None else v for v in row] for row in values], dtype=float)
+    image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, origin="upper", aspect="auto")
+    for r, row in enumerate(values):
+        for c, v in enumerate(row):
+            ax.text(c, r, "-" if v is None else f"{100 * v:.0f}", ha="center", va="center",
+                    fontsize=7 if len(row) > 8 else 9)  # fmt: skip
+    ax.set_xticks(range(len(columns)), columns, fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="accuracy")

@@ -43,6 +43,8 @@ LIBRARY = {
         "collectives",
     },
     "train": {
+        "tasks",
+        "plots",
         "checkpoint",
         "models",
         "data",
@@ -57,7 +59,18 @@ LIBRARY = {
     # after training: sampling and evaluation load models through checkpoint; nothing that
     # knows the checkout (the decode benchmark is lab.bench.decode; evaluate's configs folder
     # comes from its caller); train only for its config schemas (evaluate --data)
-    "inference": {"checkpoint", "models", "data", "train", "attention", "plots", "no_space"},
+    # the retrieval evaluation: grids of the data's retrieval tasks scored on a model, reports
+    "tasks": {"models", "data", "plots"},
+    "inference": {
+        "checkpoint",
+        "models",
+        "data",
+        "train",
+        "attention",
+        "plots",
+        "no_space",
+        "tasks",
+    },
 }
 LAB_BASE = set(LIBRARY) | {"lab", "lab.checkout"}  # what every part of the lab may use
 ALLOWED = {

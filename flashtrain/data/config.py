@@ -13,12 +13,13 @@ How much is evaluated is the trainer's `trainer.eval_batches` (build_data's eval
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flashtrain.data.hf_tokenizer import hf_reference, is_hf_tokenizer
 from flashtrain.data.pathfinder.generator import RESOLUTIONS, check_contour_length
+from flashtrain.data.retrieval.registry import resolve_tasks
 from flashtrain.data.tokenization import TOKENIZER_CHOICES
 from flashtrain.typed_config import check_choice
 
@@ -55,6 +56,27 @@ class SyntheticConfig(DataConfig):
                 f"synthetic data needs vocab_size >= num_keys + num_values = {needed}, "
                 f"got {self.vocab_size}"
             )
+
+
+@dataclass
+class RetrievalConfig(DataConfig):
+    """Retrieval-shaped documents generated from the seed (flashtrain/data/retrieval.py): one
+    sample of a retrieval task (flashtrain/tasks: passkey, needle, ...) per window, the needle
+    at a random depth, in bytes; nothing cached. What experiment=cpu/passkey trains on."""
+
+    loader: str = "retrieval"
+    name: str = "retrieval"
+    tasks: list[str] = field(default_factory=lambda: ["passkey"])  # task names or groups
+    tokenizer: str = "byte"  # the documents' tokenizer (bytes only)
+    vocab_size: int = 258  # byte: 256 bytes + <eos> + <pad>
+    loss_on: str = "answers"  # answers: only the digits and words a task hides and asks | all
+
+    def __post_init__(self):
+        check_choice(self.tokenizer, ("byte",), "data.tokenizer")
+        check_choice(self.loss_on, ("answers", "all"), "data.loss_on")
+        self.tasks = resolve_tasks(list(self.tasks))
+        if self.vocab_size < 258:
+            raise ValueError(f"data.vocab_size must be >= 258 for bytes, got {self.vocab_size}")
 
 
 @dataclass

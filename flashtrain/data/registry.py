@@ -17,13 +17,21 @@ from flashtrain.data.long_doc import LongDocClassification
 from flashtrain.data.mlm import MaskedLM
 from flashtrain.data.module import DataModule, DataRun
 from flashtrain.data.pathfinder.dataset import PathfinderClassification
+from flashtrain.data.retrieval.loader import RetrievalLM
 from flashtrain.data.synthetic import AssociativeRecall
 from flashtrain.typed_config import Registry
 
 DATA = Registry(
     "loader",
     "data",
-    [AssociativeRecall, TokenCacheLM, MaskedLM, PathfinderClassification, LongDocClassification],
+    [
+        AssociativeRecall,
+        TokenCacheLM,
+        MaskedLM,
+        PathfinderClassification,
+        LongDocClassification,
+        RetrievalLM,
+    ],
 )
 LOADERS: dict[str, type[DataModule]] = DATA.classes
 DATA_CONFIGS: dict[str, type[DataConfig]] = DATA.configs

@@ -20,11 +20,8 @@ import numpy as np
 import torch
 
 from flashtrain.data.config import SyntheticConfig
-from flashtrain.data.module import IGNORE_INDEX, DataModule, DataRun, EvalBatches, eval_items
-from flashtrain.data.sampling import check_same_stream
-from flashtrain.data.stream_identity import IDENTITY_KEY, check_same_data
-
-TRAIN_STREAM, VAL_STREAM = 0, 1
+from flashtrain.data.generated import GeneratedLM
+from flashtrain.data.module import IGNORE_INDEX, DataRun
 
 
 def recall_sequence(
@@ -47,31 +44,13 @@ def recall_optimal_loss(seq_len: int, num_keys: int, num_values: int) -> float:
     return float(math.log(num_values) * unseen.mean())
 
 
-class AssociativeRecall(DataModule):
+class AssociativeRecall(GeneratedLM):
     Config = SyntheticConfig  # its schema (configs/data/*.yaml with loader: synthetic)
 
-    task = "lm"
-    num_classes = None
-
     def __init__(self, cfg: SyntheticConfig, run: DataRun):
-        super().__init__(run)
+        super().__init__(run, "synthetic")
         self.num_keys, self.num_values = cfg.num_keys, cfg.num_values
         self.vocab_size, self.loss_on = cfg.vocab_size, cfg.loss_on
-        # Validation: eval_batches batches per rank, sequences numbered from 0 in their own stream.
-        count = self.eval_batches * self.micro_batch_size * self.world_size
-        self.val_items = eval_items(count, self.rank, self.world_size, "synthetic validation")
-        self.step = 0
-
-    @classmethod
-    def check_run_settings(
-        cls, cfg: SyntheticConfig, *, seq_len: int, eval_batches: int | None
-    ) -> None:
-        """Validation is eval_batches batches per rank: a number, not null (all)."""
-        if eval_batches is None:
-            raise ValueError(
-                "synthetic validation data is generated, so it has no natural size: set "
-                "trainer.eval_batches (validation batches per rank) to a number"
-            )
 
     def batch(self, stream: int, indices) -> dict[str, torch.Tensor]:
         """Sequences number `indices` of a stream: each from its own seeded generator, so the
@@ -93,18 +72,6 @@ class AssociativeRecall(DataModule):
         if self.loss_on == "values":
             labels[labels < self.num_keys] = IGNORE_INDEX  # the next key is pure noise
         return {"input_ids": torch.from_numpy(input_ids.copy()), "labels": torch.from_numpy(labels)}
-
-    def train_batches(self):
-        batch = self.micro_batch_size
-        while True:
-            first = (self.step * self.world_size + self.rank) * batch
-            self.step += 1
-            yield self.batch(TRAIN_STREAM, range(first, first + batch))
-
-    def val_batches(self):
-        return EvalBatches(
-            lambda items: self.batch(VAL_STREAM, items), self.val_items, self.micro_batch_size, None
-        )
 
     def optimal_loss(self) -> float:
         return recall_optimal_loss(self.seq_len, self.num_keys, self.num_values)
@@ -148,16 +115,3 @@ class AssociativeRecall(DataModule):
 
     def identity_fields(self) -> dict:
         return {"data.num_keys": self.num_keys, "data.num_values": self.num_values}
-
-    def state_dict(self) -> dict:
-        return {
-            "step": self.step,
-            "seed": self.seed,
-            "world_size": self.world_size,
-            IDENTITY_KEY: self.data_identity,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        check_same_data(state, self.data_identity)
-        check_same_stream(state, self)
-        self.step = int(state["step"])

@@ -37,6 +37,23 @@ def integer(least: int, meaning: str = "") -> Callable[[str], int]:
     return parse
 
 
+def token_count(least: int, meaning: str = "") -> Callable[[str], int]:
+    """An argparse type: a token count >= least, as an integer or in k (1024) / m (1024k)
+    units: 4096, 4k, 1m."""
+    allowed = f"an integer >= {least} ({meaning + '; ' if meaning else ''}k = 1024: 4k = 4096)"
+    scales = {"k": 1024, "m": 1024**2}
+
+    def parse(text: str) -> int:
+        scale = scales.get(text[-1:].lower(), 1)
+        digits = text[:-1] if scale > 1 else text
+        value = int(digits) * scale if digits.isdigit() else None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed: {allowed}")
+        return value
+
+    return parse
+
+
 def number(allowed: str, ok: Callable[[float], bool]) -> Callable[[str], float]:
     """An argparse type: a finite float for which ok(value) holds; `allowed` says which."""
 

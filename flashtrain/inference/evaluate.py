@@ -28,8 +28,8 @@ from flashtrain.data.config import SyntheticConfig
 from flashtrain.data.lm import TokenCacheLM
 from flashtrain.data.lm_batches import lm_batch
 from flashtrain.data.registry import build_data, data_config
-from flashtrain.inference.generate import position_limit, require_decoder
 from flashtrain.inference.memory import available_bytes, gib, largest
+from flashtrain.models.decoder import position_limit, require_decoder
 
 IGNORE_INDEX = -100
 DOCUMENT_FIELDS = ("cu_seqlens", "max_seqlen", "position_ids")

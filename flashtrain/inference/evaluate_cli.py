@@ -1,7 +1,12 @@
 """`python scripts/evaluate.py CKPT --seq-len N [N ...] [--data NAME [KEY=VALUE ...]]
 [--stride S] [--batches K] [--out DIR]`: perplexity and loss by token position of a checkpoint
 at each context length (flashtrain.inference.evaluate), written as eval.json, eval.md and
-loss_by_position.png (default folder: <run>/eval/step_NNNNNN).
+loss_by_position.png (default folder: <run>/eval/step_NNNNNN). Lengths are token counts, 4k =
+4096.
+
+With --tasks (passkey, needle, ruler, ...), the long-context retrieval tasks at those lengths
+and --depths instead (flashtrain.inference.retrieval_cli): retrieval.md, .json, the heatmap and
+the curves by length, in the same folder.
 
 --data defaults to the run's own data config; otherwise a config of the configs folder's data/
 group with overrides of its keys, e.g. `--data text_files data_files='corpus/*.txt'` or `--data
@@ -21,11 +26,18 @@ from omegaconf import OmegaConf
 from flashtrain.checkpoint import load_model
 from flashtrain.checkpoint.manifest import CheckpointError
 from flashtrain.data.registry import data_config
-from flashtrain.inference import evaluate_output
-from flashtrain.inference.cli_args import OneLineParser, default_device, device, integer, print_note
+from flashtrain.inference import evaluate_output, retrieval_cli
+from flashtrain.inference.cli_args import (
+    OneLineParser,
+    default_device,
+    device,
+    integer,
+    print_note,
+    token_count,
+)
 from flashtrain.inference.evaluate import check_evaluation_fits, evaluate_length
-from flashtrain.inference.generate import position_limit, require_decoder
 from flashtrain.inference.run_tokenizer import run_config, run_tokenizer
+from flashtrain.models.decoder import position_limit, require_decoder
 from flashtrain.no_space import as_no_space_error
 from flashtrain.train.config import masks_documents
 from flashtrain.train.entry import EXIT_NO_SPACE
@@ -34,8 +46,8 @@ from flashtrain.train.entry import EXIT_NO_SPACE
 def _parser(configs: Path | None) -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a checkpoint, a checkpoints folder or a run directory")
-    p.add_argument("--seq-len", type=integer(2, "a context length in tokens"), nargs="+",
-                   required=True, help="context lengths (refused beyond the memory free)")  # fmt: skip
+    p.add_argument("--seq-len", type=token_count(2, "a context length"), nargs="+",
+                   required=True, help="context lengths, e.g. 1024 4k (refused beyond the memory free)")  # fmt: skip
     p.add_argument("--data", nargs="+", metavar=("NAME", "KEY=VALUE"),
                    help="a configs/data/ config and overrides (default: the run's data)")  # fmt: skip
     p.add_argument("--configs", type=Path, default=configs,
@@ -58,6 +70,7 @@ def _parser(configs: Path | None) -> argparse.ArgumentParser:
                    help="the folder of the results (default: <run>/eval/step_NNNNNN)")  # fmt: skip
     p.add_argument("--device", type=device, default=default_device(), help="cpu, cuda, cuda:N")
     p.add_argument("--no-progress", action="store_true")
+    retrieval_cli.add_arguments(p.add_argument_group("retrieval tasks (--tasks)"))
     return p
 
 
@@ -143,6 +156,10 @@ def run(args) -> list[Path]:
     folder and each length's memory; then the lengths are evaluated and the files written."""
     if args.tokens is not None and args.batches is not None:
         raise ValueError("--tokens and --batches both size the evaluation: give one")
+    if args.tasks and args.data:
+        raise ValueError(
+            "--data names text to score perplexity on; --tasks writes its own: give one"
+        )
     if args.out is not None:
         evaluate_output.check_folder(args.out)
     if args.data:
@@ -153,6 +170,10 @@ def run(args) -> list[Path]:
     if args.out is None:
         evaluate_output.check_folder(out)
     config = run_config(info)
+    if args.tasks:
+        return retrieval_cli.run_tasks(
+            args, trained_model, info, config, run_tokenizer(config.data, checkpoint=info), out
+        )
     if args.data:
         data = with_trained_masking(data, args.data[1:], config.data)
     else:

@@ -22,6 +22,7 @@ import torch
 
 from flashtrain.inference.kv_cache import KVCache, kv_cache_bytes
 from flashtrain.inference.memory import available_bytes, gib, largest
+from flashtrain.models.decoder import position_limit, require_decoder
 
 
 @dataclass(frozen=True)
@@ -66,25 +67,6 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
         logits = logits.masked_fill(drop, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
-def position_limit(model) -> int | None:
-    """Positions a model can take: its learned table's length, or None (rotary: no table)."""
-    return model.config.max_seq_len if getattr(model, "position_tables", None) else None
-
-
-def require_decoder(model, what: str = "the model") -> None:
-    """Generation and evaluation need a causal language model with an LM head (see the module
-    docstring): name what `what` holds instead (a BERT encoder, a sequence classifier)."""
-    parts = ("hidden_states", "head_logits", "output_weight")
-    if getattr(model, "causal", False) and all(callable(getattr(model, p, None)) for p in parts):
-        return
-    cfg = model.config
-    head = f", model.head={cfg.head}" if getattr(cfg, "head", None) else ""
-    raise ValueError(
-        f"{what} holds a {type(model).__name__} (model.arch={cfg.arch}{head}), not a decoder: "
-        "generate and evaluate take a causal language model (model.arch=gpt2 or llama)"
-    )
 
 
 def check_generation(

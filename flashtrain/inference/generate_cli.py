@@ -25,19 +25,14 @@ from flashtrain.inference.cli_args import (
     number,
     print_note,
 )
-from flashtrain.inference.generate import (
-    Sampling,
-    check_generation,
-    generate,
-    position_limit,
-    require_decoder,
-)
+from flashtrain.inference.generate import Sampling, check_generation, generate
 from flashtrain.inference.run_tokenizer import (
     continuation,
     decode_continuation,
     run_config,
     run_tokenizer,
 )
+from flashtrain.models.decoder import position_limit, require_decoder
 
 
 def _parser() -> argparse.ArgumentParser:

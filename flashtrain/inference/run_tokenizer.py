@@ -15,9 +15,9 @@ from typing import Any
 
 from flashtrain.checkpoint import CheckpointInfo
 from flashtrain.checkpoint.read import CONFIG, check_tokenizer
-from flashtrain.data.config import CorpusConfig, SyntheticConfig, cache_root
+from flashtrain.data.config import CorpusConfig, RetrievalConfig, SyntheticConfig, cache_root
 from flashtrain.data.registry import data_config
-from flashtrain.data.tokenization import build_tokenizer
+from flashtrain.data.tokenization import ByteTokenizer, build_tokenizer
 
 
 class IntegerTokenizer:
@@ -97,6 +97,8 @@ def run_tokenizer(data_cfg: Any, *, checkpoint: CheckpointInfo | None = None):
     cfg = data_config(data_cfg)
     if isinstance(cfg, SyntheticConfig):
         return IntegerTokenizer(cfg.vocab_size)
+    if isinstance(cfg, RetrievalConfig):  # generated documents, in bytes
+        return TextTokenizer(ByteTokenizer(cfg.tokenizer))
     if isinstance(cfg, CorpusConfig):
         tokenizer = build_tokenizer(cfg, cache_root(cfg))
         if checkpoint is not None and checkpoint.path is not None:

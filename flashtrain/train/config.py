@@ -78,6 +78,13 @@ class TrainerConfig:
     eval_interval: int = 50  # 0 = only at the end
     eval_batches: int | None = 8  # validation batches per rank per eval (null = all there are)
     eval_at_end: bool = True
+    # Retrieval tasks at every evaluation (flashtrain/train/retrieval_eval.py): names or groups
+    # of flashtrain/data/retrieval (passkey, needle, ruler, ...); [] = none. Text data only.
+    eval_tasks: list[str] = field(default_factory=list)
+    eval_task_lengths: list[int] = field(default_factory=list)  # [] = [seq_len]
+    eval_task_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    # samples per (task, length, depth) cell, all ranks together: the evaluation's cost
+    eval_task_samples: int = 4
     ckpt_interval: int = 50  # 0 = only at the end
     ckpt_at_end: bool = True
     keep_last: int = 3  # checkpoints kept on disk (0 = keep all)
@@ -142,6 +149,22 @@ class TrainerConfig:
         context_parallel_sizes(self)  # the mode's group sizes, refused here when they cannot be
         if self.eval_batches is not None:
             _at_least(self, 1, "trainer", "eval_batches")
+        _at_least(self, 1, "trainer", "eval_task_samples")
+        if self.eval_tasks and self.context_parallel > 1:
+            raise ValueError(
+                "trainer.eval_tasks scores whole sequences on each rank, and "
+                f"trainer.context_parallel={self.context_parallel} splits them: set "
+                "trainer.eval_tasks=[] and score the checkpoints with scripts/evaluate.py --tasks"
+            )
+        if any(n < 2 for n in self.eval_task_lengths):
+            raise ValueError(
+                f"trainer.eval_task_lengths must be >= 2 tokens, got {list(self.eval_task_lengths)}"
+            )
+        if not self.eval_task_depths or any(not 0.0 <= d <= 1.0 for d in self.eval_task_depths):
+            raise ValueError(
+                f"trainer.eval_task_depths must be depths in [0, 1] (0: the start, 1: the end), "
+                f"got {list(self.eval_task_depths)}"
+            )
         if self.cpu_threads is not None:
             _at_least(self, 1, "trainer", "cpu_threads")
         _at_least(self, 0, "trainer", "max_skipped_steps")

@@ -94,6 +94,7 @@ from flashtrain.train.metrics import (
 from flashtrain.train.optim import build_optimizer, build_scheduler
 from flashtrain.train.prefetch import StepPrefetcher
 from flashtrain.train.progress import Progress, format_metrics
+from flashtrain.train.retrieval_eval import RetrievalEval, eval_tasks_summary
 from flashtrain.train.run_folder import RunFolderClaim
 from flashtrain.train.run_state import RunCheckpoints, RunState
 from flashtrain.train.start_checks import check_run_start
@@ -143,6 +144,7 @@ class Trainer:
         self.model = self.raw_model = self.optimizer = self.scheduler = self.scaler = None
         self.state = RunState()
         self.checkpoints: RunCheckpoints | None = None
+        self.retrieval: RetrievalEval | None = None  # trainer.eval_tasks
         self.cfg = cfg = validate_config(cfg)
         t = cfg.trainer
         self.env: DistEnv = setup_distributed(
@@ -286,6 +288,12 @@ class Trainer:
             )
         self.data = self.cp.shard_data(data)
         check_validation_data(self.data, t, cfg.data.name)  # not found after the last step
+        if t.eval_tasks and (t.eval_interval or t.eval_at_end):
+            sharded = is_sharded(self.strategy)  # FSDP2: the root module gathers its weights
+            self.retrieval = RetrievalEval(
+                cfg, self.model if sharded else self.raw_model, self.data, env, self.run_dir,
+                self.plan.micro_batch_size, sharded=sharded,
+            )  # fmt: skip
         bounds = self.data.loss_bounds()
         if bounds and env.is_main:
             log.info("data loss: " + ", ".join(f"{k} {v:.3f}" for k, v in bounds.items()))
@@ -437,6 +445,8 @@ class Trainer:
             f"steps: {t.max_steps}  eval every {t.eval_interval or '-'}  checkpoint every "
             f"{t.ckpt_interval or '-'} -> {self.ckpt_root}"
         )
+        if t.eval_tasks:
+            lines.append(eval_tasks_summary(cfg))
         log.info("\n".join(lines))
 
     # ------------------------------------------------------------------- loop
@@ -663,6 +673,9 @@ class Trainer:
             autocast=partial(autocast, self.precision, self.strategy, self.env.device),
             stop_requested=(lambda: preempt.requested) if preempt else (lambda: False),
         )
+        if self.retrieval is not None:
+            metrics |= self.retrieval(self.step, self.run_name, git_commit(),
+                                      partial(autocast, self.precision, self.strategy, self.env.device))  # fmt: skip
         self.eval_history.append((self.step, metrics))
         if self.env.is_main:
             text = format_metrics(metrics) or "no validation data"

@@ -23,6 +23,7 @@ EXPECTED = {
     "pathx": "pathfinder",
     "path256": "pathfinder",
     "long_doc": "long_doc",
+    "retrieval": "retrieval",
 }
 CLASSIFICATION = {"pathfinder32": 2, "pathfinder64": 2, "pathx": 2, "path256": 2, "long_doc": 2}
 
