@@ -10,6 +10,7 @@ import sys
 
 from flashtrain.data.retrieval.registry import SampleMaker, resolve_tasks
 from flashtrain.data.retrieval.text import SegmentEncoder
+from flashtrain.inference.cli_args import integer
 from flashtrain.inference.evaluate import check_evaluation_fits
 from flashtrain.inference.task_answers import GeneratingAnswerer
 from flashtrain.models.decoder import position_limit
@@ -26,17 +27,18 @@ def add_arguments(p) -> None:
                         "families), all, or family names; --seq-len gives their lengths")  # fmt: skip
     p.add_argument("--depths", default="0:1:5",
                    help="needle depths: START:STOP:COUNT (0:1:11) or a list (0,0.5,1); 0 = the start")  # fmt: skip
-    p.add_argument("--samples", type=int, default=4, help="samples per (task, length, depth) cell")
+    p.add_argument("--samples", type=integer(1, "samples per cell"), default=4,
+                   help="samples per (task, length, depth) cell")  # fmt: skip
     p.add_argument("--score", choices=SCORES, default="generate",
                    help="generate (greedy decoding, string match) or likelihood (one pass: "
                         "is the answer the greedy one; fast)")  # fmt: skip
     p.add_argument("--filler-files", nargs="+", default=None, metavar="GLOB",
                    help="text files for the real-text haystacks (default: pysrc, this Python's "
                         "standard library)")  # fmt: skip
-    p.add_argument("--budget", type=int, default=None,
+    p.add_argument("--budget", type=integer(1, "tokens"), default=None,
                    help=f"the most tokens the grid may feed the model (default on a CPU: "
                         f"{CPU_BUDGET:,}; none on a GPU)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="the samples' seed")
+    p.add_argument("--seed", type=integer(0, "a seed"), default=0, help="the samples' seed")
 
 
 def check_lengths(model, lengths: list[int], trained: int) -> list[str]:
@@ -57,8 +59,6 @@ def check_lengths(model, lengths: list[int], trained: int) -> list[str]:
 
 def run_tasks(args, model, info, config, tokenizer, out) -> list:
     """Score the grid and write the report; returns the files written."""
-    if args.samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {args.samples}")
     spec = GridSpec(
         resolve_tasks(",".join(args.tasks)),
         parse_lengths(args.seq_len),

@@ -32,17 +32,22 @@ TASKS_SECONDS = "eval/tasks_s"
 FOLDER = "retrieval"  # under the run directory: the newest evaluation's report
 
 
-def eval_tasks_summary(cfg) -> str:
-    """The summary's line: the tasks and what they cost per evaluation (the dry run too)."""
+def grid_spec(cfg) -> GridSpec:
+    """The grid trainer.eval_tasks asks for (lengths: [seq_len] unless given)."""
     t = cfg.trainer
     lengths = sorted(set(t.eval_task_lengths or [int(cfg.seq_len)]))
-    spec = GridSpec(resolve_tasks(list(t.eval_tasks)), lengths, sorted(set(t.eval_task_depths)),
+    return GridSpec(resolve_tasks(list(t.eval_tasks)), lengths, sorted(set(t.eval_task_depths)),
                     t.eval_task_samples)  # fmt: skip
-    cells = len(spec.cells())
+
+
+def eval_tasks_summary(cfg) -> str:
+    """The summary's line: the tasks and what they cost per evaluation (the dry run too)."""
+    spec = grid_spec(cfg)
     return (
-        f"eval tasks: {', '.join(spec.tasks)} at {', '.join(map(length_label, lengths))} tokens: "
-        f"{cells} cells x {spec.samples} samples = {format_count(grid_tokens(spec))} tokens of "
-        "forward passes per evaluation (likelihood scoring)"
+        f"eval tasks: {', '.join(spec.tasks)} at {', '.join(map(length_label, spec.lengths))} "
+        f"tokens: {len(spec.cells())} cells x {spec.samples} samples = "
+        f"{format_count(grid_tokens(spec))} tokens of forward passes per evaluation (likelihood "
+        "scoring)"
     )
 
 
@@ -71,9 +76,8 @@ class RetrievalEval:
     def __init__(self, cfg, model, data, env, run_dir: Path, batch_size: int, *, sharded: bool):
         t = cfg.trainer
         self.env, self.run_dir = env, Path(run_dir)
-        lengths = sorted(set(t.eval_task_lengths or [int(cfg.seq_len)]))
         try:
-            tasks = resolve_tasks(list(t.eval_tasks))
+            self.spec = grid_spec(cfg)
             if data.tokenizer is None:  # synthetic ids, pixels: no text to write a task in
                 raise TaskTextError(
                     f"data '{cfg.data.name}' comes as token ids, with no tokenizer to write the "
@@ -89,26 +93,21 @@ class RetrievalEval:
                 f"{t.strategy} it must be a multiple of the {env.world_size} ranks (each scores "
                 "as many samples of every cell)"
             )
-        limit = position_limit(model)
-        if limit is not None and max(lengths) > limit:
+        limit, longest = position_limit(model), max(self.spec.lengths)
+        if limit is not None and longest > limit:
             raise ConfigError(
-                f"trainer.eval_task_lengths: {max(lengths)} is beyond the model's {limit} "
+                f"trainer.eval_task_lengths: {longest} is beyond the model's {limit} "
                 f"learned positions (model.max_seq_len): give lengths <= {limit}"
             )
-        self.spec = GridSpec(tasks, lengths, sorted(set(t.eval_task_depths)), t.eval_task_samples)
         self.maker = SampleMaker(self.encoder, seed=int(cfg.seed))
-        for task in tasks:  # too short a length for a task: refused now, not at the first eval
-            for length in lengths:
+        for task in self.spec.tasks:  # a length too short for a task: refused now
+            for length in self.spec.lengths:
                 try:
                     self.maker.samples(task, length, self.spec.depths[0], [0])
                 except ValueError as e:
                     raise ConfigError(f"trainer.eval_task_lengths: {e}") from None
         self.answerer = LikelihoodAnswerer(model, batch_size=batch_size)
         self.trained, self.sharded, self.model = int(cfg.seq_len), sharded, model
-
-    def tokens(self) -> int:
-        """Tokens an evaluation feeds the model, all ranks together."""
-        return grid_tokens(self.spec)
 
     def __call__(self, step: int, run_name: str, commit: str | None, autocast) -> dict[str, float]:
         start = time.perf_counter()
