@@ -49,11 +49,7 @@ class SegmentEncoder:
         return whole[: len(whole) - len(plain)] if whole[len(whole) - len(plain) :] == plain else []
 
     def _encode_uncached(self, text: str) -> tuple[int, ...]:
-        backend = getattr(self.tokenizer, "backend", None)
-        if backend is not None:  # a tokenizers backend: without its post-processor's specials
-            ids = backend.encode(text, add_special_tokens=False).ids
-        else:
-            ids = self.tokenizer.encode_batch([text])[0]
+        ids = self._plain(text)
         if self._unk is not None and self._unk in ids:
             bad = next((c for c in dict.fromkeys(text) if self._unk in self._plain(c)), "?")
             raise TaskTextError(
@@ -63,6 +59,7 @@ class SegmentEncoder:
         return tuple(ids)
 
     def _plain(self, text: str) -> list[int]:
+        """The text's ids without special tokens (a tokenizers backend's post-processor off)."""
         backend = getattr(self.tokenizer, "backend", None)
         if backend is not None:
             return backend.encode(text, add_special_tokens=False).ids
